@@ -1,0 +1,61 @@
+# gpufleet: one entry point for people and CI.
+#   make test      everything CI runs: installs what is missing, then unit, lint, molecule
+#   make fast      the fast tier (unit + lint), a couple of minutes
+#   make unit | lint | molecule | lab | setup | clean-lab
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(BIN):$(PATH)
+# Molecule scenarios to run (default: all under extensions/molecule/).
+SCENARIO ?=
+
+.PHONY: test fast setup unit lint molecule lab clean-lab constraints build-collection
+
+test: setup lab
+	@$(MAKE) --no-print-directory unit lint molecule
+
+fast: setup
+	@$(MAKE) --no-print-directory unit lint
+
+# Python environment, pinned by requirements/constraints.txt (what CI tested).
+setup: $(STAMP)
+$(STAMP): pyproject.toml requirements/constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade 'pip>=24'
+	$(BIN)/pip install --quiet -c requirements/constraints.txt -e '.[test]'
+	touch $@
+
+constraints: $(STAMP)
+	{ echo '# Exact versions CI installs (pip install -c requirements/constraints.txt -e .[test]).'; \
+	  echo '# Regenerate with `make constraints` after changing pyproject.toml ranges.'; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v '^gpufleet'; } > requirements/constraints.txt
+
+# The lab: a Docker engine on this machine and the cached lab host image.
+lab:
+	tests/lab/harness.sh docker
+	tests/lab/harness.sh image host >/dev/null
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python tests/lint/check_argument_specs.py
+	$(BIN)/ansible-lint --profile production
+
+molecule: $(STAMP) lab
+	@if [ -n "$(SCENARIO)" ]; then \
+	  $(BIN)/molecule test -s $(SCENARIO); \
+	else \
+	  $(BIN)/molecule test --all; \
+	fi
+
+build-collection: $(STAMP)
+	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist
+
+clean-lab:
+	tests/lab/harness.sh clean

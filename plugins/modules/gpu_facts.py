@@ -1,0 +1,203 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Gather NVIDIA GPU, topology and NCCL peer-to-peer facts
+version_added: "0.1.0"
+description:
+  - Reads the host's NVIDIA GPUs, their PCIe/NVLink topology and NUMA placement into
+    C(ansible_facts.gpufleet_gpu), and decides whether NCCL peer-to-peer should stay
+    enabled on this host, with the reason.
+  - Sources are C(nvidia-smi --query-gpu=... --format=csv), plain C(nvidia-smi) (driver
+    and CUDA version), C(nvidia-smi topo -m), C(nvidia-smi topo -p2p r) and sysfs
+    (C(/sys/bus/pci/devices/<bus id>/numa_node) and C(local_cpulist),
+    C(/sys/class/infiniband)). Anything missing degrades to null, never to an error.
+  - A host with no NVIDIA GPU, no C(nvidia-smi) or no loaded driver returns C(count=0)
+    and no error; C(problem) says why. Later layers decide whether that is fatal.
+  - Read-only; runs the same in check mode.
+author:
+  - gpufleet contributors
+options:
+  nvidia_smi_path:
+    description:
+      - Path of C(nvidia-smi). Default is the one found on C(PATH) (and
+        C(/usr/bin), C(/usr/local/nvidia/bin)).
+    type: path
+  sysfs_root:
+    description:
+      - Root of the sysfs tree to read NUMA and RDMA data from. Only changed for
+        tests or chroots.
+    type: path
+    default: /sys
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+notes:
+  - The P2P decision puts the driver's own answer (C(topo -p2p r)) first, then the
+    link types; see RETURN C(p2p) and the nccl role, which turns it into
+    C(NCCL_P2P_DISABLE).
+"""
+
+EXAMPLES = r"""
+- name: Gather GPU facts
+  gpufleet.serving.gpu_facts:
+
+- name: Show the NCCL P2P decision
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.gpufleet_gpu.p2p.reason }}"
+
+- name: Use an nvidia-smi outside PATH
+  gpufleet.serving.gpu_facts:
+    nvidia_smi_path: /usr/local/nvidia/bin/nvidia-smi
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts added to the host.
+  returned: always
+  type: dict
+  contains:
+    gpufleet_gpu:
+      description: The host's NVIDIA GPUs and topology.
+      returned: always
+      type: dict
+      contains:
+        driver_version:
+          description: Driver version as nvidia-smi reports it, or null.
+          type: str
+          sample: "550.54.14"
+        cuda_version:
+          description: Highest CUDA version the driver supports (nvidia-smi banner), or null.
+          type: str
+          sample: "12.4"
+        count:
+          description: Number of GPUs found.
+          type: int
+          sample: 2
+        devices:
+          description: One entry per GPU, ordered by index.
+          type: list
+          elements: dict
+          sample:
+            - index: 0
+              name: NVIDIA GeForce RTX 4090
+              uuid: GPU-6f2a...
+              memory_total_mib: 24564
+              pci_bus_id: "00000000:01:00.0"
+              numa_node: 0
+              numa_source: sysfs
+              cpus: "0-15"
+        links:
+          description: Link type between GPU i and GPU j from C(nvidia-smi topo -m), keyed "i,j" (both orders).
+          type: dict
+          sample: {"0,1": "PHB", "1,0": "PHB"}
+        p2p:
+          description: Whether NCCL peer-to-peer should stay enabled, why, and from which source.
+          type: dict
+          sample:
+            recommended: false
+            source: driver
+            reason: "the driver refuses peer-to-peer for 1 of 1 GPU pairs (GPU0-GPU1: GNS ...)"
+            status: {"0,1": "GNS", "1,0": "GNS"}
+        rdma_devices:
+          description: InfiniBand/RoCE devices (sysfs, else the NICs of C(topo -m)).
+          type: list
+          elements: str
+          sample: ["mlx5_0"]
+        rdma_source:
+          description: Where rdma_devices came from (sysfs, topo) or null when unknown.
+          type: str
+        problem:
+          description: Why no GPU was found (no nvidia-smi, driver not loaded), or null.
+          type: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology import (
+    QUERY_GPU_FIELDS,
+    build_facts,
+)
+from ansible_collections.gpufleet.serving.plugins.module_utils._nvidia_smi import (
+    parse_sysfs_cpulist,
+    parse_sysfs_numa_node,
+    parse_query_gpu_csv,
+    parse_smi_summary,
+    sysfs_pci_address,
+)
+
+
+def _read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _run(module, argv):
+    rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        return None, (err or out or "exit status %d" % rc).strip().splitlines()[-1:]
+    return out, None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            nvidia_smi_path=dict(type="path"),
+            sysfs_root=dict(type="path", default="/sys"),
+        ),
+        supports_check_mode=True,
+    )
+    sysfs_root = module.params["sysfs_root"]
+    smi = module.params["nvidia_smi_path"] or module.get_bin_path(
+        "nvidia-smi", opt_dirs=["/usr/bin", "/usr/local/nvidia/bin"]
+    )
+    infiniband = os.path.join(sysfs_root, "class", "infiniband")
+    rdma = sorted(os.listdir(infiniband)) if os.path.isdir(infiniband) else ([] if os.path.isdir(sysfs_root) else None)
+
+    if not smi or not os.access(smi, os.X_OK):
+        problem = "nvidia-smi not found (%s)" % (module.params["nvidia_smi_path"] or "not on PATH")
+        module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": build_facts(rdma_devices=rdma, problem=problem)})
+
+    query, query_err = _run(module, [smi, "--query-gpu=" + ",".join(QUERY_GPU_FIELDS), "--format=csv"])
+    summary, summary_err = _run(module, [smi])
+    topo, topo_err = _run(module, [smi, "topo", "-m"])
+    p2p, _ = _run(module, [smi, "topo", "-p2p", "r"])
+    problem = None
+    if query is None and summary is None and topo is None:
+        # The driver is not loaded or the GPUs are gone: say what nvidia-smi said.
+        problem = "nvidia-smi failed: %s" % " ".join(query_err or summary_err or topo_err or ["no output"])
+
+    bus_ids = [row.get("pci.bus_id") for row in parse_query_gpu_csv(query or "", fields=QUERY_GPU_FIELDS)]
+    bus_ids += [d["pci_bus_id"] for d in parse_smi_summary(summary or "")["devices"]]
+    sysfs = {}
+    for bus_id in bus_ids:
+        address = sysfs_pci_address(bus_id)
+        if not address or address in sysfs:
+            continue
+        device_dir = os.path.join(sysfs_root, "bus", "pci", "devices", address)
+        sysfs[address] = {
+            "numa_node": parse_sysfs_numa_node(_read(os.path.join(device_dir, "numa_node"))),
+            "cpus": parse_sysfs_cpulist(_read(os.path.join(device_dir, "local_cpulist"))),
+        }
+    facts = build_facts(
+        query_csv=query, summary=summary, topo=topo, p2p=p2p, sysfs=sysfs, rdma_devices=rdma, problem=problem
+    )
+    module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts})
+
+
+if __name__ == "__main__":
+    main()
