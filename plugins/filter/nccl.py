@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters over gpufleet's NCCL environment planner (logic lives in module_utils/_nccl.py)."""
@@ -37,12 +36,16 @@ options:
 EXAMPLES = r"""
 - name: Plan the NCCL environment
   ansible.builtin.set_fact:
-    plan: "{{ ansible_facts.gpufleet_gpu | gpufleet.serving.nccl_env(defaults=nccl_env_defaults, group=nccl_env_group, host=nccl_env_host) }}"
+    plan: >-
+      {{ ansible_facts.gpufleet_gpu | gpufleet.serving.nccl_env(
+           defaults=nccl_env_defaults, group=nccl_env_group, host=nccl_env_host) }}
 """
 
 RETURN = r"""
 _value:
-  description: "C(env) (name to value), C(origin) (name to layer), C(notes) (name to reason) and C(errors) (list of sentences)."
+  description: >-
+    C(env) (name to value), C(origin) (name to layer), C(notes) (name to reason) and
+    C(errors) (list of sentences).
   type: dict
 """
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """GPU facts assembly and the NCCL peer-to-peer decision (private to gpufleet.serving).
@@ -104,8 +103,8 @@ def decide_p2p(devices, links, p2p_status):
             return {
                 "recommended": True,
                 "source": "driver",
-                "reason": "nvidia-smi topo -p2p r reports P2P read OK for all %d GPU pairs (%s); NCCL P2P stays enabled."
-                % (len(pairs), _link_summary(pairs, links)),
+                "reason": "nvidia-smi topo -p2p r reports P2P read OK for all %d GPU pairs (%s); "
+                "NCCL P2P stays enabled." % (len(pairs), _link_summary(pairs, links)),
             }
         shown = "; ".join(
             "%s-%s: %s (%s) over %s"
@@ -131,7 +130,8 @@ def decide_p2p(devices, links, p2p_status):
         return {
             "recommended": True,
             "source": "none",
-            "reason": "no GPU topology available (nvidia-smi topo printed nothing usable); NCCL P2P left at its default.",
+            "reason": "no GPU topology available (nvidia-smi topo printed nothing usable); "
+            "NCCL P2P left at its default.",
         }
     consumer = {i for i, d in by_index.items() if CONSUMER_NAME.search(d.get("name") or "")}
     host_pairs = [p for p in pairs if link_class(codes[p]) == "host"]
@@ -190,7 +190,11 @@ def build_facts(query_csv=None, summary=None, topo=None, p2p=None, sysfs=None, r
     """
     rows = parse_query_gpu_csv(query_csv, fields=QUERY_GPU_FIELDS) if query_csv else []
     table = parse_smi_summary(summary) if summary else {"driver_version": None, "cuda_version": None, "devices": []}
-    matrix = parse_topo_matrix(topo) if topo else {"gpus": [], "links": {}, "nics": [], "cpu_affinity": {}, "numa_affinity": {}}
+    matrix = (
+        parse_topo_matrix(topo)
+        if topo
+        else {"gpus": [], "links": {}, "nics": [], "cpu_affinity": {}, "numa_affinity": {}}
+    )
     p2p_status = parse_topo_p2p(p2p) if p2p else {}
     sysfs = sysfs or {}
 

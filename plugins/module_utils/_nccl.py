@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The host's NCCL/CUDA environment: layers, validation and explanation (private).
@@ -48,7 +47,10 @@ RULES = {
         lambda v: v in ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS") or v.isdigit(),
         "LOC, NVL, PIX, PXB, PHB, SYS or a number",
     ),
-    "NCCL_SOCKET_IFNAME": (lambda v: bool(IFNAME_LIST.match(v)), "interface names or prefixes, e.g. eth0 or ^docker,lo"),
+    "NCCL_SOCKET_IFNAME": (
+        lambda v: bool(IFNAME_LIST.match(v)),
+        "interface names or prefixes, e.g. eth0 or ^docker,lo",
+    ),
     "NCCL_IB_HCA": (lambda v: bool(IFNAME_LIST.match(v)), "HCA names, e.g. mlx5_0:1,mlx5_1:1 or ^mlx5_2"),
     "CUDA_DEVICE_ORDER": (lambda v: v in ("PCI_BUS_ID", "FASTEST_FIRST"), "PCI_BUS_ID or FASTEST_FIRST"),
 }
@@ -81,10 +83,15 @@ def _as_text(value):
 
 def validate_pair(layer, key, value):
     """Return an error sentence, or None when key=value is acceptable."""
-    where = "%s%s" % (layer, " (host_vars)" if layer == "nccl_env_host" else " (group_vars)" if layer == "nccl_env_group" else "")
+    where = "%s%s" % (
+        layer,
+        " (host_vars)" if layer == "nccl_env_host" else " (group_vars)" if layer == "nccl_env_group" else "",
+    )
     if not isinstance(key, str) or not KEY_PATTERN.match(key):
-        return "%s: key %r is not an NCCL/CUDA variable name (expected NCCL_*, CUDA_* or TORCH_NCCL_*, upper case). Fix or remove it in %s." % (
-            layer, key, where)
+        return (
+            "%s: key %r is not an NCCL/CUDA variable name (expected NCCL_*, CUDA_* or TORCH_NCCL_*, "
+            "upper case). Fix or remove it in %s." % (layer, key, where)
+        )
     if key in PER_INSTANCE:
         return "%s: %s must not be set host-wide: %s. Remove it from %s." % (layer, key, PER_INSTANCE[key], where)
     text = _as_text(value)
@@ -92,8 +99,10 @@ def validate_pair(layer, key, value):
         hint = " (write 0 or 1, not true/false)" if isinstance(value, bool) else ""
         return "%s: %s = %r is not a string or number%s. Fix it in %s." % (layer, key, value, hint, where)
     if not SAFE_VALUE.match(text):
-        return "%s: %s = %r contains characters that systemd, docker --env-file and sh read differently (spaces, quotes, $, ;, newlines). Fix it in %s." % (
-            layer, key, text, where)
+        return (
+            "%s: %s = %r contains characters that systemd, docker --env-file and sh read differently "
+            "(spaces, quotes, $, ;, newlines). Fix it in %s." % (layer, key, text, where)
+        )
     rule = RULES.get(key)
     if rule and not rule[0](text):
         return "%s: %s = %r is not valid; %s takes %s. Fix it in %s." % (layer, key, text, key, rule[1], where)
@@ -131,7 +140,9 @@ def plan_env(gpu=None, defaults=None, group=None, host=None, use_topology=True):
     env, origin, notes = {}, {}, {}
     for name, values, layer_notes in layers:
         if not isinstance(values, dict):
-            errors.append("%s must be a mapping of NCCL_*/CUDA_* names to values, got %s." % (name, type(values).__name__))
+            errors.append(
+                "%s must be a mapping of NCCL_*/CUDA_* names to values, got %s." % (name, type(values).__name__)
+            )
             continue
         for key in values:
             problem = validate_pair(name, key, values[key])

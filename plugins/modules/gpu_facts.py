@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: gpufleet contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
@@ -125,15 +124,16 @@ ansible_facts:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology import (
     QUERY_GPU_FIELDS,
     build_facts,
 )
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvidia_smi import (
-    parse_sysfs_cpulist,
-    parse_sysfs_numa_node,
     parse_query_gpu_csv,
     parse_smi_summary,
+    parse_sysfs_cpulist,
+    parse_sysfs_numa_node,
     sysfs_pci_address,
 )
 
