@@ -116,6 +116,11 @@ ansible_facts:
         rdma_source:
           description: Where rdma_devices came from (sysfs, topo) or null when unknown.
           type: str
+        numa_nodes:
+          description: The host's NUMA nodes and their CPU lists (sysfs); engines are pinned to them.
+          type: list
+          elements: dict
+          sample: [{"node": 0, "cpus": "0-15,32-47"}, {"node": 1, "cpus": "16-31,48-63"}]
         problem:
           description: Why no GPU was found (no nvidia-smi, driver not loaded), or null.
           type: str
@@ -146,6 +151,18 @@ def _read(path):
         return None
 
 
+def _numa_nodes(sysfs_root):
+    """The host's NUMA nodes and their CPUs (/sys/devices/system/node/nodeN/cpulist)."""
+    base = os.path.join(sysfs_root, "devices", "system", "node")
+    nodes = []
+    for entry in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        if entry.startswith("node") and entry[4:].isdigit():
+            cpus = parse_sysfs_cpulist(_read(os.path.join(base, entry, "cpulist")))
+            if cpus:
+                nodes.append({"node": int(entry[4:]), "cpus": cpus})
+    return sorted(nodes, key=lambda n: n["node"])
+
+
 def _run(module, argv):
     rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
     if rc != 0:
@@ -170,7 +187,9 @@ def main():
 
     if not smi or not os.access(smi, os.X_OK):
         problem = "nvidia-smi not found (%s)" % (module.params["nvidia_smi_path"] or "not on PATH")
-        module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": build_facts(rdma_devices=rdma, problem=problem)})
+        facts = build_facts(rdma_devices=rdma, problem=problem)
+        facts["numa_nodes"] = _numa_nodes(sysfs_root)
+        module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts})
 
     query, query_err = _run(module, [smi, "--query-gpu=" + ",".join(QUERY_GPU_FIELDS), "--format=csv"])
     summary, summary_err = _run(module, [smi])
@@ -196,6 +215,7 @@ def main():
     facts = build_facts(
         query_csv=query, summary=summary, topo=topo, p2p=p2p, sysfs=sysfs, rdma_devices=rdma, problem=problem
     )
+    facts["numa_nodes"] = _numa_nodes(sysfs_root)
     module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts})
 
 

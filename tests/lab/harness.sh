@@ -4,6 +4,8 @@
 #   harness.sh image NAME    build lab image NAME (tests/lab/images/NAME) unless an image
 #                            with the same recipe hash exists; prints the image tag
 #   harness.sh image-tag NAME  print the tag the recipe hashes to (builds nothing)
+#   harness.sh archive NAME  image NAME as a docker-save archive in .cache/lab/images (prints the path)
+#   harness.sh model NAME    generate tiny model NAME in .cache/lab/models (prints the path)
 #   harness.sh clean         remove lab containers, volumes and images (label io.gpufleet.lab)
 set -euo pipefail
 
@@ -52,7 +54,8 @@ image_tag() {
   # bundle that gets trusted inside and the mirror it is built from.
   local h
   h=$( { (cd "$dir" && find . -type f -print0 | sort -z | xargs -0 sha256sum);
-         sha256sum < "$(ca_bundle)"; debian_mirror; } | sha256sum | cut -c1-12)
+         sha256sum < "$(ca_bundle)"; debian_mirror;
+         case "$name" in vllm-cpu) image_tag base ;; esac; } | sha256sum | cut -c1-12)
   echo "gpufleet-lab/$name:$h"
 }
 
@@ -64,11 +67,43 @@ ensure_image() {
   else
     log "building $tag (recipe changed or first run)"
     case "$name" in
-      host) apt_install debootstrap; "$here/images/host/build.sh" "$tag" "$(debian_mirror)" "$(ca_bundle)" ;;
-      *) "$here/images/$name/build.sh" "$tag" ;;
+      host|base) apt_install debootstrap; "$here/images/$name/build.sh" "$tag" "$(debian_mirror)" "$(ca_bundle)" ;;
+      vllm-cpu) "$here/images/vllm-cpu/build.sh" "$tag" "$(ensure_image base)" ;;
+      *) log "no build rule for image $name"; exit 2 ;;
     esac
   fi
   echo "$tag"
+}
+
+archive() {
+  # The image as a `docker save` archive under .cache/lab/images/, for lab hosts to load
+  # the way an air-gapped host does. Named by the content-hashed tag: made once.
+  local tag file
+  tag=$(ensure_image "$1")
+  file="$cache/images/${tag//[\/:]/_}.tar"
+  if [ ! -s "$file" ]; then
+    mkdir -p "$cache/images"
+    log "saving $tag to $file"
+    docker save -o "$file.tmp" "$tag" && mv "$file.tmp" "$file"
+  fi
+  echo "$file"
+}
+
+model() {
+  # A tiny model generated offline by tests/lab/images/tiny-model/generate.py, run inside
+  # the vLLM image (which has torch, transformers and tokenizers). Cached by content.
+  local name=$1 vllm h out
+  vllm=$(ensure_image vllm-cpu)
+  h=$( { sha256sum "$here/images/tiny-model/generate.py"; echo "$name $vllm"; } | sha256sum | cut -c1-12)
+  out="$cache/models/$name-$h"
+  if [ ! -f "$out/config.json" ]; then
+    log "generating tiny model $name into $out"
+    rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+    docker run --rm --network none -v "$here/images/tiny-model/generate.py:/generate.py:ro" \
+      -v "$out.tmp:/out" --entrypoint python3 "$vllm" /generate.py "$name" /out >&2
+    rm -rf "$out" && mv "$out.tmp" "$out"
+  fi
+  echo "$out"
 }
 
 clean() {
@@ -81,6 +116,8 @@ case "${1:-}" in
   docker) ensure_docker ;;
   image) ensure_docker; ensure_image "${2:?image name}" ;;
   image-tag) image_tag "${2:?image name}" ;;
+  archive) ensure_docker; archive "${2:?image name}" ;;
+  model) ensure_docker; model "${2:?model name}" ;;
   clean) ensure_docker; clean ;;
-  *) sed -n '2,8p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,10p' "$0" >&2; exit 2 ;;
 esac

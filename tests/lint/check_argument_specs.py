@@ -30,8 +30,8 @@ def check_role(role: Path) -> list[str]:
     for key in sorted(set(public_defaults) - set(options)):
         problems.append("%s: %s is in defaults/main.yml but not in meta/argument_specs.yml" % (role.name, key))
     for key, spec in sorted(options.items()):
-        if not key.startswith(role.name.lstrip("_") + "_"):
-            problems.append("%s: option %s does not start with the role's prefix %s_" % (role.name, key, role.name))
+        if not key.startswith((role.name.lstrip("_") + "_", "gpufleet_")):
+            problems.append("%s: option %s starts with neither %s_ nor gpufleet_" % (role.name, key, role.name))
         if spec.get("required"):
             if key in public_defaults:
                 problems.append("%s: %s is required but has a default in defaults/main.yml" % (role.name, key))

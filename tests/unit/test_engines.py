@@ -1,0 +1,210 @@
+"""Engine instances: validation messages, the TP/heads rule, and the rendered command lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ansible_collections.gpufleet.serving.plugins.filter.engine_plan import model_inventory
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import (
+    engine_args,
+    ipc_mode,
+    placement,
+    plan,
+    validate,
+)
+from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology import build_facts
+from ansible_collections.gpufleet.serving.plugins.module_utils._planner import load_model_config, parallel_errors
+from conftest import ROOT, read_fixture
+
+CONFIGS = ROOT / "tests" / "fixtures" / "model_configs"
+QWEN14 = (CONFIGS / "deepseek-r1-distill-qwen-14b.json").read_text()
+LLAMA8 = (CONFIGS / "llama-3.1-8b-instruct.json").read_text()
+DSV3 = (CONFIGS / "deepseek-v3.json").read_text()
+
+# A 2x RTX 4090 host, its facts replayed from a real capture, with sysfs NUMA data added.
+GPU = build_facts(
+    summary=read_fixture("2x_rtx4090_threadripper_pro_wrx80", "nvidia-smi.txt"),
+    topo=read_fixture("2x_rtx4090_threadripper_pro_wrx80", "topo-m.txt"),
+    sysfs={"0000:41:00.0": {"numa_node": 0, "cpus": "0-31"}, "0000:61:00.0": {"numa_node": 0, "cpus": "0-31"}},
+)
+HOST = {"numa_nodes": [{"node": 0, "cpus": "0-31"}, {"node": 1, "cpus": "32-63"}]}
+MODELS = {
+    "/srv/models/qwen14": {"exists": True, "config": QWEN14},
+    "/srv/models/llama8": {"exists": True, "config": LLAMA8},
+}
+
+
+def chat(**over):
+    inst = {"name": "chat", "engine": "vllm", "model": "/srv/models/qwen14", "port": 8001, "gpus": [0, 1],
+            "tensor_parallel_size": 2}  # fmt: skip
+    inst.update(over)
+    return inst
+
+
+def errors_of(*instances, gpu=GPU, models=MODELS):
+    return validate(list(instances), gpu=gpu, models=models, host=HOST)
+
+
+def test_valid_instance_has_no_errors():
+    assert errors_of(chat()) == []
+
+
+@pytest.mark.parametrize(
+    ("instances", "words"),
+    [
+        (
+            [chat(tensor_parallel_size=3, gpus=[0, 1, 2])],
+            ["tensor_parallel_size=3", "40 attention heads", "1, 2, 4, 8, 40"],
+        ),
+        ([chat(), chat(name="b", gpus=[])], ["port=8001 is already used by gpufleet_engines[0]"]),
+        (
+            [chat(), chat(name="b", port=8002, gpus=[1], tensor_parallel_size=1)],
+            ["GPU 1 is already given to gpufleet_engines[0]"],
+        ),
+        ([chat(gpus=[1, 2])], ["GPU 2 does not exist on this host", "2 GPUs: 0-1"]),
+        ([chat(model="/srv/models/missing")], ["model=/srv/models/missing does not exist on this host"]),
+        ([chat(max_num_seq=8)], ["unknown key 'max_num_seq'", "did you mean", "max_num_seqs"]),
+        ([chat(options={"gpu_memory_utilisation": 0.9})], ["unknown engine option 'gpu_memory_utilisation'"]),
+        ([chat(engine="sglang", accelerator="cpu", gpus=[])], ["sglang with accelerator cpu is not supported"]),
+        ([chat(max_model_len="8k")], ["max_model_len='8k' must be an integer"]),
+        ([chat(enforce_eager="yes")], ["enforce_eager='yes' must be true or false"]),
+        (
+            [chat(engine="sglang", gpu_memory_utilization=0.9)],
+            ["gpu_memory_utilization is not a sglang option; use mem_fraction_static"],
+        ),
+        (
+            [chat(gpus=[0], tensor_parallel_size=2)],
+            ["1 GPU(s) given but tensor_parallel_size x pipeline_parallel_size = 2 x 1 = 2"],
+        ),
+        ([chat(name="Chat_1")], ["name='Chat_1'"]),
+        ([chat(shm_size="64m")], ["shm_size='64m'", "Bus error"]),
+        ([chat(extra_args=["--api-key", "x"])], ["must not set --api-key"]),
+        ([chat(engine="sglang", api_key="k" * 40)], ["SGLang takes its key only on the command line"]),
+        ([chat(bind="localhost")], ["bind='localhost' must be an IP address"]),
+        ([chat(gpus=[], accelerator="cpu", tensor_parallel_size=1, cpus="0-3,x")], ["cpus='0-3,x'"]),
+    ],
+)
+def test_bad_input_is_named(instances, words):
+    errors = errors_of(*instances)
+    assert errors, "expected an error"
+    text = " ".join(errors)
+    assert "gpufleet_engines[" in text
+    for word in words:
+        assert word in text
+
+
+def test_every_error_is_reported_at_once():
+    errors = errors_of(chat(port=80, gpus=[5], max_model_len="x"))
+    assert len(errors) >= 3
+
+
+@pytest.mark.parametrize(
+    ("config", "tp", "ok"),
+    [
+        (QWEN14, 1, True), (QWEN14, 2, True), (QWEN14, 4, True), (QWEN14, 8, True), (QWEN14, 3, False), (QWEN14, 16, False),
+        (LLAMA8, 8, True), (LLAMA8, 16, True), (LLAMA8, 6, False),
+        (DSV3, 8, True), (DSV3, 16, True), (DSV3, 3, False),
+    ],
+)  # fmt: skip
+def test_tensor_parallel_rule(config, tp, ok):
+    # Qwen 14B: 40 heads, 8 KV heads. TP=16 divides neither 40 heads nor fits 8 KV heads.
+    # Llama 3.1 8B: 32 heads, 8 KV heads; TP=16 replicates KV heads (16 % 8 == 0).
+    # DeepSeek V3: 128 heads, MLA (one latent KV head, replicated on every rank).
+    assert (parallel_errors(load_model_config(config), tp) == []) is ok
+
+
+def test_kv_heads_rule_message():
+    config = {"num_attention_heads": 24, "num_key_value_heads": 8, "num_hidden_layers": 4}
+    (message,) = parallel_errors(config, 6, where="x")
+    assert "KV heads" in message and "Valid sizes for this model: 1, 2, 4, 8, 24" in message
+
+
+def test_pipeline_more_than_layers():
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+    assert "more than the model's 2 hidden layers" in parallel_errors(config, 1, 4)[0]
+
+
+def test_vllm_args():
+    args = engine_args(chat(served_model_name="qwen", max_model_len=16384, enable_prefix_caching=True,
+                            enable_chunked_prefill=False, gpu_memory_utilization=0.92, enforce_eager=False,
+                            reasoning_parser="deepseek_r1", extra_args=["--disable-log-stats"]))  # fmt: skip
+    assert args == [
+        "--model", "/models/chat", "--served-model-name", "qwen", "--host", "127.0.0.1", "--port", "8001",
+        "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.92", "--max-model-len", "16384",
+        "--no-enable-chunked-prefill", "--enable-prefix-caching", "--reasoning-parser", "deepseek_r1",
+        "--disable-log-stats",
+    ]  # fmt: skip
+
+
+def test_sglang_args():
+    inst = chat(engine="sglang", mem_fraction_static=0.85, context_length=8192, max_running_requests=32,
+                chunked_prefill_size=4096, enable_prefix_caching=False, enforce_eager=True, quantization="awq")  # fmt: skip
+    assert engine_args(inst) == [
+        "--model-path", "/models/chat", "--served-model-name", "chat", "--host", "127.0.0.1", "--port", "8001",
+        "--tp-size", "2", "--mem-fraction-static", "0.85", "--context-length", "8192",
+        "--max-running-requests", "32", "--chunked-prefill-size", "4096", "--disable-radix-cache",
+        "--disable-cuda-graph", "--quantization", "awq",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("inst", "expected"),
+    [
+        (chat(), ("host", None)),
+        (chat(gpus=[0], tensor_parallel_size=1), ("private", "8g")),
+        (chat(gpus=[0], tensor_parallel_size=1, shm_size="16g"), ("private", "16g")),
+        (chat(engine="sglang", gpus=[0], tensor_parallel_size=1), ("host", None)),
+        (chat(accelerator="cpu", gpus=[], tensor_parallel_size=1), ("private", "1g")),
+        (chat(ipc="private", shm_size="32g"), ("private", "32g")),
+    ],
+)
+def test_ipc_and_shm(inst, expected):
+    assert ipc_mode(inst) == expected
+
+
+def test_placement_follows_the_gpus_numa_node():
+    assert placement(chat(), GPU, HOST)[:2] == ("0-31", "0")
+    cpu = chat(accelerator="cpu", gpus=[], tensor_parallel_size=1)
+    assert placement(cpu, GPU, HOST)[:2] == ("0-31", "0")
+    assert placement(dict(cpu, cpus="32-35"), GPU, HOST)[:2] == ("32-35", "1")
+    # GPUs whose NUMA node is unknown (topo -m only gives CPU affinity): CPUs, no memory node.
+    topo_only = build_facts(topo=read_fixture("2x_rtx4090_threadripper_pro_wrx80", "topo-m.txt"))
+    assert placement(chat(), topo_only, HOST)[:2] == ("0-127", None)
+
+
+def test_render_has_no_secret_and_mounts_model_read_only():
+    result = plan([chat(api_key="s3cret-" * 6)], gpu=GPU, models=MODELS, host=HOST,
+                  defaults={"env_files": ["/etc/gpufleet/nccl.env"]})  # fmt: skip
+    assert result["errors"] == []
+    (inst,) = result["instances"]
+    args = inst["docker_args"]
+    assert "s3cret" not in json.dumps(result)
+    assert args[args.index("--gpus") + 1] == '"device=0,1"'
+    assert args[args.index("--ipc") + 1] == "host"
+    assert "/srv/models/qwen14:/models/chat:ro" in args
+    assert "/etc/gpufleet/engines/chat/secret.env:/run/gpufleet/secret.env:ro" in args
+    assert args[args.index("--cpuset-cpus") + 1] == "0-31"
+    assert args[args.index("--env-file") + 1] == "/etc/gpufleet/nccl.env"
+    assert "memlock=-1" in args and "stack=67108864" in args and "nofile=1048576:1048576" in args
+    assert "HF_HUB_OFFLINE=1" in args
+    image_at = args.index("vllm/vllm-openai:v0.32.0")
+    assert args[image_at - 2 : image_at] == ["--entrypoint", "/bin/sh"]
+    assert args[image_at + 4 : image_at + 7] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert inst["unit"] == "gpufleet-engine@chat.service"
+
+
+def test_plan_returns_no_instances_on_errors():
+    result = plan([chat(gpus=[7])], gpu=GPU, models=MODELS, host=HOST)
+    assert result["instances"] == [] and result["errors"]
+
+
+def test_model_inventory_filter():
+    import base64
+
+    stats = [{"item": "/m/a", "stat": {"exists": True}}, {"item": "/m/b", "stat": {"exists": False}}]
+    slurps = [{"item": stats[0], "content": base64.b64encode(b'{"num_attention_heads": 4}').decode()}]
+    assert model_inventory(stats, slurps) == {
+        "/m/a": {"exists": True, "config": '{"num_attention_heads": 4}'},
+        "/m/b": {"exists": False, "config": None},
+    }
