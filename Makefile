@@ -1,7 +1,7 @@
 # gpufleet: one entry point for people and CI.
 #   make test      everything CI runs: installs what is missing, then unit, lint, molecule
 #   make fast      the fast tier (unit + lint), a couple of minutes
-#   make unit | lint | molecule | lab | setup | clean-lab
+#   make unit | lint | labtests | molecule | lab | setup | clean-lab
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -12,10 +12,10 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenarios to run (default: all under extensions/molecule/).
 SCENARIO ?=
 
-.PHONY: test fast setup unit lint molecule lab clean-lab constraints build-collection
+.PHONY: test fast setup unit lint labtests molecule lab clean-lab constraints build-collection
 
 test: setup lab
-	@$(MAKE) --no-print-directory unit lint molecule
+	@$(MAKE) --no-print-directory unit lint labtests molecule
 
 fast: setup
 	@$(MAKE) --no-print-directory unit lint
@@ -40,6 +40,11 @@ lab:
 
 unit: $(STAMP)
 	$(BIN)/pytest -q
+
+# Tests that need the lab's Docker engine and images, outside Molecule (e.g. every rendered
+# vLLM command line through vLLM's own argument parser).
+labtests: $(STAMP) lab
+	$(BIN)/pytest -q tests/labtests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import ROOT, read_fixture
+
 from ansible_collections.gpufleet.serving.plugins.filter.engine_plan import model_inventory
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import (
     engine_args,
@@ -15,7 +17,6 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engines import (
 )
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology import build_facts
 from ansible_collections.gpufleet.serving.plugins.module_utils._planner import load_model_config, parallel_errors
-from conftest import ROOT, read_fixture
 
 CONFIGS = ROOT / "tests" / "fixtures" / "model_configs"
 QWEN14 = (CONFIGS / "deepseek-r1-distill-qwen-14b.json").read_text()
@@ -82,6 +83,7 @@ def test_valid_instance_has_no_errors():
         ([chat(extra_args=["--api-key", "x"])], ["must not set --api-key"]),
         ([chat(engine="sglang", api_key="k" * 40)], ["SGLang takes its key only on the command line"]),
         ([chat(bind="localhost")], ["bind='localhost' must be an IP address"]),
+        ([chat(swap_space=4)], ["swap_space", "vLLM 0.32 has no --swap-space"]),
         ([chat(gpus=[], accelerator="cpu", tensor_parallel_size=1, cpus="0-3,x")], ["cpus='0-3,x'"]),
     ],
 )
@@ -102,7 +104,8 @@ def test_every_error_is_reported_at_once():
 @pytest.mark.parametrize(
     ("config", "tp", "ok"),
     [
-        (QWEN14, 1, True), (QWEN14, 2, True), (QWEN14, 4, True), (QWEN14, 8, True), (QWEN14, 3, False), (QWEN14, 16, False),
+        (QWEN14, 1, True), (QWEN14, 2, True), (QWEN14, 4, True), (QWEN14, 8, True),
+        (QWEN14, 3, False), (QWEN14, 16, False),
         (LLAMA8, 8, True), (LLAMA8, 16, True), (LLAMA8, 6, False),
         (DSV3, 8, True), (DSV3, 16, True), (DSV3, 3, False),
     ],
@@ -139,7 +142,8 @@ def test_vllm_args():
 
 def test_sglang_args():
     inst = chat(engine="sglang", mem_fraction_static=0.85, context_length=8192, max_running_requests=32,
-                chunked_prefill_size=4096, enable_prefix_caching=False, enforce_eager=True, quantization="awq")  # fmt: skip
+                chunked_prefill_size=4096, enable_prefix_caching=False, enforce_eager=True,
+                quantization="awq")  # fmt: skip
     assert engine_args(inst) == [
         "--model-path", "/models/chat", "--served-model-name", "chat", "--host", "127.0.0.1", "--port", "8001",
         "--tp-size", "2", "--mem-fraction-static", "0.85", "--context-length", "8192",

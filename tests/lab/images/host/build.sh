@@ -50,8 +50,8 @@ for unit in getty@tty1.service console-getty.service systemd-udevd.service \
 done
 : > "$root/etc/machine-id"
 echo 'lab-host' > "$root/etc/hostname"
-# Images stay small: no apt lists or caches in them.
-rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb
+# No package caches in the image; the apt lists stay, as on a real installed host.
+rm -rf "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb
 
 tar -C "$root" -c . | docker import \
   -c 'ENV container=docker' \
