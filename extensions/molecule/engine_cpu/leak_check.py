@@ -35,7 +35,8 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
 # The journal of the engine units and Docker.
 journal = subprocess.run(
     ["journalctl", "--no-pager", "-u", "gpufleet-engine@*", "-u", "docker", "-u", "gpufleet-engine-watchdog@*"],
-    capture_output=True, check=False,
+    capture_output=True,
+    check=False,
 ).stdout
 if key in journal:
     found.append("journal")
@@ -55,9 +56,8 @@ for top in ("/etc", "/usr/local", "/var/log", "/run", "/srv"):
                 if not stat.S_ISREG(info.st_mode) or info.st_size > 10 * 2**20:
                     continue
                 with open(path, "rb") as handle:
-                    if key in handle.read():
-                        if info.st_mode & 0o077 or info.st_uid != 0:
-                            found.append("%s (mode %o)" % (path, info.st_mode & 0o777))
+                    if key in handle.read() and (info.st_mode & 0o077 or info.st_uid != 0):
+                        found.append("%s (mode %o)" % (path, info.st_mode & 0o777))
             except OSError:
                 pass
 
