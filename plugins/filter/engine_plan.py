@@ -57,9 +57,10 @@ def engine_plan(instances, gpu=None, models=None, host=None, defaults=None):
     return plan(instances, gpu=gpu, models=models, host=host, defaults=defaults)
 
 
-def model_inventory(stat_results, slurp_results=None):
-    """{path: {exists, config}} from a stat loop over model folders and a slurp loop over
-    their config.json files (each slurp item is a stat result)."""
+def model_inventory(stat_results, slurp_results=None, downloads=None):
+    """{path: {exists, config, pending_download}} from a stat loop over model folders and a
+    slurp loop over their config.json files (each slurp item is a stat result). Paths in
+    `downloads` without a config.json yet are marked pending_download."""
     models = {}
     for result in stat_results or []:
         models[result["item"]] = {"exists": bool((result.get("stat") or {}).get("exists")), "config": None}
@@ -70,6 +71,10 @@ def model_inventory(stat_results, slurp_results=None):
                 models[path]["config"] = base64.b64decode(result["content"]).decode("utf-8")
             except (ValueError, UnicodeDecodeError):
                 models[path]["config"] = None
+    for path in downloads or []:
+        entry = models.setdefault(path, {"exists": False, "config": None})
+        if entry["config"] is None:
+            entry["pending_download"] = True
     return models
 
 

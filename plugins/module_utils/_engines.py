@@ -343,7 +343,9 @@ def validate(instances, gpu=None, models=None, host=None):
             )
         else:
             info = models.get(model) or {}
-            if not info.get("exists"):
+            if info.get("pending_download"):
+                pass  # checked again right after engine_model_downloads fetched it
+            elif not info.get("exists"):
                 errors.append(
                     "%s.model=%s does not exist on this host; download or copy it there first." % (where, model)
                 )

@@ -212,3 +212,14 @@ def test_model_inventory_filter():
         "/m/a": {"exists": True, "config": '{"num_attention_heads": 4}'},
         "/m/b": {"exists": False, "config": None},
     }
+
+
+def test_pending_download_defers_the_model_checks():
+    stats = [{"item": "/srv/models/r1", "stat": {"exists": False}}]
+    models = model_inventory(stats, [], downloads=["/srv/models/r1"])
+    assert models == {"/srv/models/r1": {"exists": False, "config": None, "pending_download": True}}
+    assert errors_of(chat(model="/srv/models/r1"), models=models) == []
+    # Once downloaded, the same instance is checked against the model's heads.
+    fetched = {"/srv/models/r1": {"exists": True, "config": QWEN14}}
+    assert "tensor_parallel_size=3" in " ".join(errors_of(chat(model="/srv/models/r1", tensor_parallel_size=3,
+                                                               gpus=[0, 1, 2]), models=fetched))  # fmt: skip
