@@ -1,0 +1,151 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The proxy site in front of a host's engines: validation and the upstream (private).
+
+Used by the proxy role's preflight and templates. Every error names the variable, the
+value (never a key's value) and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+
+KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
+KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENDPOINT = re.compile(r"^/v1/[a-z][a-z0-9_/.-]*$")
+# Engine paths that must never be reachable from outside, whatever the user enables.
+NEVER_EXPOSED = (
+    "/metrics", "/tokenize", "/detokenize", "/invocations", "/pause", "/resume", "/update_weights",
+    "/server_info", "/get_server_info", "/flush_cache", "/start_profile", "/stop_profile", "/sleep",
+    "/wake_up", "/reset_prefix_cache", "/collective_rpc", "/load_lora_adapter", "/unload_lora_adapter",
+)  # fmt: skip
+MIN_KEY_LENGTH = 32
+RATE = re.compile(r"^\d+r/[sm]$")
+SIZE = re.compile(r"^\d+[kmg]?$")
+DURATION = re.compile(r"^\d+(ms|s|m|h)?$")
+
+
+def plan_proxy(params, engines):
+    """params: the proxy_* variables (without the prefix); engines: gpufleet_engines.
+
+    Returns {errors, upstream: [host:port], engine_key: str|None, model: served name,
+    instances: [names], monitor: [{name, port}]}.
+    """
+    errors = []
+    engines = [e for e in engines or [] if isinstance(e, dict)]
+    by_name = {e.get("name"): e for e in engines}
+    wanted = params.get("instances") or [e.get("name") for e in engines]
+    chosen = []
+    for name in wanted:
+        if name not in by_name:
+            errors.append(
+                "proxy_instances: %r is not an instance in gpufleet_engines (%s)."
+                % (name, ", ".join(map(str, by_name)))
+            )
+        else:
+            chosen.append(by_name[name])
+    if not chosen and not errors:
+        errors.append("proxy: no engine instance to front; define gpufleet_engines or proxy_instances.")
+    models = sorted({e.get("served_model_name") or e.get("name") for e in chosen})
+    if len(models) > 1:
+        errors.append(
+            "proxy_instances: the instances serve different models (%s); one site balances replicas of one "
+            "model. List the replicas of one model in proxy_instances." % ", ".join(models)
+        )
+    engine_keys = {e.get("api_key") or "" for e in chosen}
+    if len(engine_keys) > 1:
+        errors.append(
+            "gpufleet_engines: the instances behind the proxy (%s) have different api_key values; the proxy "
+            "injects one engine key upstream, so give the replicas the same key." % ", ".join(e["name"] for e in chosen)
+        )
+    # ports
+    taken = {e.get("port"): e.get("name") for e in engines}
+    listen_ports = [("proxy_listen_port", params.get("listen_port"))]
+    if params.get("tls"):
+        listen_ports.append(("proxy_tls_port", params.get("tls_port")))
+    monitor = str(params.get("monitor_listen") or "")
+    mport = monitor.rsplit(":", 1)[-1] if ":" in monitor else ""
+    if not mport.isdigit():
+        errors.append("proxy_monitor_listen=%r must be ADDRESS:PORT, e.g. 127.0.0.1:9091." % monitor)
+    else:
+        listen_ports.append(("proxy_monitor_listen", int(mport)))
+    seen = {}
+    for var, port in listen_ports:
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            errors.append("%s=%r must be a port number." % (var, port))
+        elif port in taken:
+            errors.append(
+                "%s=%d is the port of engine instance %s; pick a free port for the proxy." % (var, port, taken[port])
+            )
+        elif port in seen:
+            errors.append("%s=%d is also %s." % (var, port, seen[port]))
+        else:
+            seen[port] = var
+    # client keys
+    keys = params.get("api_keys") or []
+    if not isinstance(keys, list):
+        errors.append("proxy_api_keys must be a list of {name, key}.")
+        keys = []
+    names = set()
+    values = set()
+    for i, entry in enumerate(keys):
+        where = "proxy_api_keys[%d]" % i
+        if not isinstance(entry, dict) or set(entry) - {"name", "key"}:
+            errors.append("%s must be a mapping with name and key only." % where)
+            continue
+        name, key = entry.get("name"), entry.get("key")
+        if not isinstance(name, str) or not KEY_NAME.match(name):
+            errors.append("%s.name=%r must be 1-64 letters, digits, '.', '_' or '-'." % (where, name))
+        elif name in names:
+            errors.append("%s.name=%r is used twice; names identify keys in logs and limits." % (where, name))
+        names.add(name)
+        if not isinstance(key, str) or len(key) < MIN_KEY_LENGTH:
+            errors.append(
+                "%s (%s).key is %s; client keys need at least %d characters (e.g. `openssl rand -hex 24`)."
+                % (where, name, "missing" if not key else "%d characters" % len(key), MIN_KEY_LENGTH)
+            )
+        elif not KEY_CHARS.match(key):
+            errors.append(
+                "%s (%s).key has characters outside A-Z a-z 0-9 . _ ~ + / = - (nginx matches it literally)."
+                % (where, name)
+            )
+        elif key in values:
+            errors.append("%s (%s).key is the same as another entry's key." % (where, name))
+        values.add(key)
+    if not keys:
+        errors.append("proxy_api_keys is empty: every client would get 401. Add at least one {name, key}.")
+    # endpoints
+    endpoints = params.get("endpoints") or []
+    for path in endpoints:
+        if not isinstance(path, str) or not ENDPOINT.match(path):
+            errors.append("proxy_endpoints: %r must be an OpenAI path under /v1/, e.g. /v1/embeddings." % (path,))
+        elif any(path == p or path.startswith(p + "/") for p in NEVER_EXPOSED):
+            errors.append("proxy_endpoints: %s is an engine control path and is never exposed." % path)
+    for var in ("read_timeout", "send_timeout", "upstream_keepalive_timeout"):
+        value = params.get(var)
+        if not isinstance(value, str) or not DURATION.match(value):
+            errors.append("proxy_%s=%r must be an nginx duration like 600s." % (var, value))
+    if not RATE.match(str(params.get("rate_limit"))):
+        errors.append("proxy_rate_limit=%r must be like 20r/s or 600r/m." % params.get("rate_limit"))
+    if not SIZE.match(str(params.get("client_max_body_size"))):
+        errors.append("proxy_client_max_body_size=%r must be like 64m." % params.get("client_max_body_size"))
+    if (params.get("tls") and not params.get("tls_self_signed")) and (
+        not params.get("tls_certificate") or not params.get("tls_certificate_key")
+    ):
+        errors.append(
+            "proxy_tls is on: set proxy_tls_certificate and proxy_tls_certificate_key (paths on the host), "
+            "or proxy_tls_self_signed: true for a lab."
+        )
+    return {
+        "errors": errors,
+        "upstream": ["%s:%d" % (_loopback(e.get("bind", "127.0.0.1")), e["port"]) for e in chosen if "port" in e],
+        "engine_key": (chosen[0].get("api_key") or None) if chosen else None,
+        "model": models[0] if models else None,
+        "instances": [e["name"] for e in chosen],
+        "monitor": [{"name": e["name"], "port": e.get("port")} for e in chosen],
+    }
+
+
+def _loopback(bind):
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", None) else bind

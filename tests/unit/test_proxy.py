@@ -1,0 +1,72 @@
+"""The proxy planner: every bad setting named before any change, never echoing a key."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.filter.proxy_plan import proxy_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import plan_proxy
+
+KEY_A = "a" * 32
+ENGINES = [
+    {"name": "r1", "port": 8001, "served_model_name": "qwen", "api_key": "e" * 40},
+    {"name": "r2", "port": 8002, "served_model_name": "qwen", "api_key": "e" * 40},
+]
+
+
+def params(**over):
+    base = {
+        "listen_port": 8080, "instances": [], "endpoints": ["/v1/chat/completions", "/v1/models"],
+        "api_keys": [{"name": "team-a", "key": KEY_A}], "rate_limit": "20r/s", "client_max_body_size": "64m",
+        "read_timeout": "600s", "send_timeout": "600s", "upstream_keepalive_timeout": "4s", "tls": False,
+        "tls_port": 8443, "monitor_listen": "127.0.0.1:9091",
+    }  # fmt: skip
+    base.update(over)
+    return base
+
+
+def test_replicas_balance_with_one_engine_key():
+    plan = plan_proxy(params(), ENGINES)
+    assert plan["errors"] == []
+    assert plan["upstream"] == ["127.0.0.1:8001", "127.0.0.1:8002"]
+    assert plan["model"] == "qwen"
+    assert plan["engine_key"] == "e" * 40
+
+
+@pytest.mark.parametrize(
+    ("over", "engines", "words"),
+    [
+        ({"listen_port": 8001}, ENGINES, ["proxy_listen_port=8001 is the port of engine instance r1"]),
+        (
+            {"monitor_listen": "127.0.0.1:8002"},
+            ENGINES,
+            ["proxy_monitor_listen=8002 is the port of engine instance r2"],
+        ),
+        (
+            {"api_keys": [{"name": "t", "key": "short-key"}]},
+            ENGINES,
+            ["proxy_api_keys[0] (t).key is 9 characters", "32"],
+        ),
+        ({"api_keys": []}, ENGINES, ["proxy_api_keys is empty"]),
+        ({"api_keys": [{"name": "t", "key": KEY_A}, {"name": "t", "key": "b" * 32}]}, ENGINES, ["used twice"]),
+        ({"api_keys": [{"name": "t", "key": "has space" + "x" * 30}]}, ENGINES, ["characters outside"]),
+        ({"endpoints": ["/v1/models", "/metrics"]}, ENGINES, ["'/metrics' must be an OpenAI path under /v1/"]),
+        ({"instances": ["r3"]}, ENGINES, ["proxy_instances: 'r3' is not an instance"]),
+        ({}, [dict(ENGINES[0]), dict(ENGINES[1], served_model_name="llama")], ["serve different models"]),
+        ({}, [dict(ENGINES[0]), dict(ENGINES[1], api_key="f" * 40)], ["different api_key values"]),
+        ({"tls": True}, ENGINES, ["proxy_tls is on: set proxy_tls_certificate"]),
+        ({"rate_limit": "20/s"}, ENGINES, ["proxy_rate_limit='20/s'"]),
+        ({"read_timeout": "ten minutes"}, ENGINES, ["proxy_read_timeout='ten minutes'"]),
+    ],
+)
+def test_bad_settings_are_named(over, engines, words):
+    plan = plan_proxy(params(**over), engines)
+    text = " ".join(plan["errors"])
+    for word in words:
+        assert word in text
+    for entry in params(**over)["api_keys"]:
+        assert entry["key"] not in text  # a key is never echoed
+
+
+def test_filter_is_the_planner():
+    assert proxy_plan(params(), ENGINES) == plan_proxy(params(), ENGINES)
