@@ -2,6 +2,7 @@
 #   make test      everything CI runs: installs what is missing, then unit, lint, molecule
 #   make fast      the fast tier (unit + lint), a couple of minutes
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
+#   make bench-stream  the streaming benchmark (direct vs gpufleet proxy vs stock nginx)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -12,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenarios to run (default: all under extensions/molecule/).
 SCENARIO ?=
 
-.PHONY: test fast setup unit lint labtests molecule lab clean-lab constraints build-collection
+.PHONY: test fast setup unit lint labtests molecule bench-stream lab clean-lab constraints build-collection
 
 test: setup lab
 	@$(MAKE) --no-print-directory unit lint labtests molecule
@@ -56,8 +57,14 @@ molecule: $(STAMP) lab
 	@if [ -n "$(SCENARIO)" ]; then \
 	  $(BIN)/molecule test -s $(SCENARIO); \
 	else \
-	  $(BIN)/molecule test --all; \
+	  $(BIN)/molecule test --all --exclude bench_stream; \
 	fi
+
+# Streaming benchmark (figures, not assertions): direct vs gpufleet proxy vs stock nginx at
+# concurrency 1, 8 and 32, plus the stock-vs-gpufleet outcomes table. Output also lands in
+# .cache/bench-stream.txt.
+bench-stream: $(STAMP) lab
+	$(BIN)/molecule test -s bench_stream
 
 build-collection: $(STAMP)
 	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist
