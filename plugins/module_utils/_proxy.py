@@ -54,6 +54,12 @@ def plan_proxy(params, engines):
             "model. List the replicas of one model in proxy_instances." % ", ".join(models)
         )
     engine_keys = {e.get("api_key") or "" for e in chosen}
+    for e in chosen:
+        if e.get("api_key") and not KEY_CHARS.match(str(e["api_key"])):
+            errors.append(
+                "gpufleet_engines (%s).api_key has characters outside A-Z a-z 0-9 . _ ~ + / = - ; the proxy writes "
+                "it into an nginx header, so keep to those." % e.get("name")
+            )
     if len(engine_keys) > 1:
         errors.append(
             "gpufleet_engines: the instances behind the proxy (%s) have different api_key values; the proxy "

@@ -1,5 +1,5 @@
-"""A long stream through the proxy, written to a JSON file when it ends (verify.yml starts it,
-rotates a key meanwhile, and reads the file)."""
+"""A long stream through the proxy, read slowly so it stays open for over a minute; written
+to a JSON file when it ends (verify.yml starts it, rotates a key meanwhile, reads the file)."""
 
 import json
 import os
@@ -12,26 +12,24 @@ req = urllib.request.Request(
     "http://127.0.0.1:8080/v1/completions",
     method="POST",
     data=json.dumps(
-        {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+        {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 3000, "stream": True, "ignore_eos": True,
+         "stream_options": {"include_usage": True}}
     ).encode(),
     headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"},
-)
+)  # fmt: skip
 start = time.time()
-events, finish = 0, None
+events, finish, tokens = 0, None, None
 with urllib.request.urlopen(req, timeout=600) as resp:
     for line in resp:
         if line.startswith(b"data: {"):
             events += 1
-            choice = json.loads(line[6:])["choices"][0]
-            finish = choice.get("finish_reason") or finish
+            data = json.loads(line[6:])
+            if data.get("choices"):
+                finish = data["choices"][0].get("finish_reason") or finish
+            if data.get("usage"):
+                tokens = data["usage"]["completion_tokens"]
+            time.sleep(0.025)  # a slow reader: the stream stays open across the reload
 with open(out + ".tmp", "w") as handle:
-    json.dump(
-        {
-            "events": events,
-            "finish_reason": finish,
-            "seconds": round(time.time() - start, 2),
-            "started_before_reload": True,
-        },
-        handle,
-    )
+    json.dump({"events": events, "finish_reason": finish, "completion_tokens": tokens,
+               "start": start, "end": time.time()}, handle)  # fmt: skip
 os.rename(out + ".tmp", out)

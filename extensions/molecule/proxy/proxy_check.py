@@ -59,6 +59,8 @@ def stream(max_tokens, stop_after=None):
         if not headers_done and b"\r\n\r\n" in buf:
             headers, buf = buf.split(b"\r\n\r\n", 1)
             headers_done = True
+            if b" 200 " not in headers.split(b"\r\n", 1)[0]:
+                raise RuntimeError("stream refused: %r" % (headers + buf)[:300])
         if headers_done:
             events = buf.count(b"data: ")
             stamps.extend([now] * events)
@@ -114,7 +116,7 @@ out["stream_headers_accel"] = "x-accel-buffering: no" in headers.lower()
 # Disconnect: drop a long stream after a few events; the engine must stop generating.
 time.sleep(1)
 before_tokens = metric("vllm:generation_tokens_total")
-stream(5000, stop_after=5)
+stream(3500, stop_after=5)
 drop = time.perf_counter()
 running = None
 while time.perf_counter() - drop < 10:
