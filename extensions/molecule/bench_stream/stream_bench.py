@@ -42,24 +42,27 @@ async def one(session, base, key):
         "ignore_eos": True, "temperature": 0, "stream_options": {"include_usage": True},
     }  # fmt: skip
     start = time.perf_counter()
-    stamps, tokens, events = [], 0, 0
+    stamps, tokens, events, together = [], 0, 0, 0
     async with session.post(base + "/v1/completions", json=body, headers={"Authorization": "Bearer " + key}) as resp:
         resp.raise_for_status()
         buf = b""
         async for chunk in resp.content.iter_any():
             now = time.perf_counter() - start
             buf += chunk
+            in_this_read = 0
             while b"\n\n" in buf:
                 event, buf = buf.split(b"\n\n", 1)
                 if not event.startswith(b"data: ") or event == b"data: [DONE]":
                     continue
                 data = json.loads(event[6:])
                 events += 1
+                in_this_read += 1
                 if data.get("usage"):
                     tokens = data["usage"]["completion_tokens"]
                 if data.get("choices") and data["choices"][0].get("text"):
                     stamps.append(now)
-    return stamps, tokens, events
+            together += max(0, in_this_read - 1)
+    return stamps, tokens, events, together
 
 
 async def level(base, key, concurrency):
@@ -77,13 +80,15 @@ async def level(base, key, concurrency):
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
-    ttft = [s[0] for s, _, _ in results if s]
-    gaps = [b - a for s, _, _ in results for a, b in itertools.pairwise(s)]
-    events = sum(e for _, _, e in results)
-    tokens = sum(t for _, t, _ in results)
+    ttft = [r[0][0] for r in results if r[0]]
+    gaps = [b - a for r in results for a, b in itertools.pairwise(r[0])]
+    events = sum(r[2] for r in results)
+    tokens = sum(r[1] for r in results)
+    together = sum(r[3] for r in results)
     return {
         "requests": len(results), "ttft_p50_ms": pct(ttft, 0.5) * 1e3, "ttft_p95_ms": pct(ttft, 0.95) * 1e3,
         "gap_p50_ms": pct(gaps, 0.5) * 1e3, "gap_p95_ms": pct(gaps, 0.95) * 1e3, "events": events, "tokens": tokens,
+        "together_pct": 100.0 * together / max(events, 1),
         "tokens_per_s": tokens / wall,
     }  # fmt: skip
 
@@ -113,9 +118,9 @@ async def main():
     for concurrency in CONCURRENCY:
         for name, _, _ in TARGETS:
             f = figures["%s@%d" % (name, concurrency)]
-            print("%-10s %4d %7.1fms %7.1fms %7.2fms %7.2fms %8d %8d %9.1f" % (
+            print("%-10s %4d %7.1fms %7.1fms %7.2fms %7.2fms %8d %8d %9.1f %8.1f%%" % (
                 name, concurrency, f["ttft_p50_ms"], f["ttft_p95_ms"], f["gap_p50_ms"], f["gap_p95_ms"],
-                f["events"], f["tokens"], f["tokens_per_s"]))  # fmt: skip
+                f["events"], f["tokens"], f["tokens_per_s"], f["together_pct"]))  # fmt: skip
     print()
     print("%-6s %22s %22s %20s %20s" % ("conc", "TTFT p50 proxy-direct", "TTFT p50 stock-direct",
                                          "tok/s proxy/direct", "tok/s stock/direct"))  # fmt: skip
