@@ -109,7 +109,12 @@ model() {
 clean() {
   docker ps -aq --filter label=io.gpufleet.lab | xargs -r docker rm -f >/dev/null
   docker volume ls -q --filter label=io.gpufleet.lab | xargs -r docker volume rm >/dev/null
-  docker images -q --filter label=io.gpufleet.lab | sort -u | xargs -r docker rmi -f >/dev/null
+  # Engine images are built on the base image: remove children first (two passes).
+  for _ in 1 2; do
+    docker images --format '{{.Repository}}:{{.Tag}}' --filter label=io.gpufleet.lab \
+      | xargs -r -n1 docker rmi >/dev/null 2>&1 || true
+  done
+  rm -rf "$cache/images" "$cache/models"
 }
 
 case "${1:-}" in
