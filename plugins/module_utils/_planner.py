@@ -101,3 +101,130 @@ def kv_heads_per_gpu(config, tensor_parallel_size):
     if config.get("kv_lora_rank"):
         return 1
     return max(1, kv_heads // int(tensor_parallel_size))
+
+
+# ---------------------------------------------------------------- KV cache
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def model_dtype(config, dtype="auto"):
+    """The dtype weights and the 'auto' KV cache use: the pin, else config.json's
+    torch_dtype (newer configs: dtype), else bfloat16. vLLM's 'auto' keeps float32
+    checkpoints in float32 on CPU and casts them to bfloat16 on GPU (vllm/config/model.py
+    _get_and_verify_dtype): pass the platform's choice as `dtype` when it differs."""
+    if dtype and dtype != "auto":
+        return dtype
+    config = _text_config(config)
+    return config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+
+
+def head_dim(config):
+    config = _text_config(config)
+    if config.get("head_dim"):
+        return int(config["head_dim"])
+    return int(config["hidden_size"]) // int(config["num_attention_heads"])
+
+
+def kv_bytes_per_token(config, tensor_parallel_size=1, kv_cache_dtype="auto", dtype="auto"):
+    """KV cache bytes one token takes on one GPU (all layers).
+
+    - MHA/GQA: 2 (K and V) x KV heads on this rank x head_dim x bytes, per layer. KV heads
+      split over TP ranks, or one replicated head per rank when TP exceeds them
+      (vllm/model_executor/layers/linear.py QKVParallelLinear).
+    - MLA (DeepSeek V2/V3): one latent vector of kv_lora_rank + qk_rope_head_dim per layer,
+      the same on every rank: TP does not split it (vllm/attention/backends/mla, "MLA
+      caches the compressed latent, replicated across TP").
+    - kv_cache_dtype fp8 stores 1 byte per element; 'auto' uses the model dtype.
+    """
+    config = _text_config(config)
+    layers = int(config.get("num_hidden_layers"))
+    kv_dtype = model_dtype(config, dtype) if kv_cache_dtype in (None, "auto") else kv_cache_dtype
+    size = DTYPE_BYTES[kv_dtype]
+    if config.get("kv_lora_rank"):
+        return layers * (int(config["kv_lora_rank"]) + int(config.get("qk_rope_head_dim", 0))) * size
+    return layers * 2 * kv_heads_per_gpu(config, tensor_parallel_size) * head_dim(config) * size
+
+
+def kv_cache_tokens(kv_bytes, bytes_per_token, block_size=16):
+    """Tokens a KV budget holds: whole blocks only (the engine allocates block_size-token pages)."""
+    if bytes_per_token <= 0:
+        return 0
+    blocks = int(kv_bytes) // (int(bytes_per_token) * int(block_size))
+    return blocks * int(block_size)
+
+
+def logged_kv_tokens(num_blocks, block_size, max_model_len):
+    """The token count vLLM logs as "KV cache size: N tokens" (v1/core/kv_cache_utils.py
+    get_kv_cache_capacity): max concurrency (blocks / blocks per full-length request) times
+    max_model_len. Equal to num_blocks x block_size when max_model_len is a whole number of
+    blocks."""
+    per_request = -(-int(max_model_len) // int(block_size))
+    return int(num_blocks / per_request * int(max_model_len))
+
+
+# ---------------------------------------------------------------- parameters and weights
+
+
+def _moe(config):
+    """(experts, expert intermediate size, shared experts, dense leading layers) or None."""
+    experts = config.get("num_local_experts") or config.get("n_routed_experts") or config.get("num_experts")
+    if not experts:
+        return None
+    inter = config.get("moe_intermediate_size") or config.get("intermediate_size")
+    return (
+        int(experts),
+        int(inter),
+        int(config.get("n_shared_experts") or 0),
+        int(config.get("first_k_dense_replace") or 0),
+    )
+
+
+def parameter_groups(config):
+    """Parameter counts by how engines store them: {'embedding', 'lm_head', 'linear', 'other'}.
+
+    Llama-style decoder layers: attention projections (q, k, v, o; MLA's low-rank q/kv
+    projections for DeepSeek V2/V3), a SwiGLU MLP of three matrices, or a mixture of experts
+    (each expert a SwiGLU MLP, plus shared experts and a router), two norms per layer. Biases
+    on q/k/v for Qwen2. 'linear' are the matrices quantization applies to; embeddings and
+    lm_head stay in 16-bit under AWQ/GPTQ/FP8 checkpoints.
+    """
+    config = _text_config(config)
+    hidden = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    vocab = int(config["vocab_size"])
+    if config.get("kv_lora_rank"):
+        q_rank = int(config.get("q_lora_rank") or 0)
+        nope, rope = int(config["qk_nope_head_dim"]), int(config["qk_rope_head_dim"])
+        v_dim = int(config["v_head_dim"])
+        kv_rank = int(config["kv_lora_rank"])
+        q = hidden * q_rank + q_rank * heads * (nope + rope) if q_rank else hidden * heads * (nope + rope)
+        attention = q + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
+        attn_other = (q_rank + kv_rank) if q_rank else kv_rank  # the low-rank norms
+    else:
+        dim = head_dim(config)
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        attention = hidden * heads * dim * 2 + hidden * kv_heads * dim * 2
+        attn_other = (heads + 2 * kv_heads) * dim if config.get("model_type") == "qwen2" else 0
+    dense_mlp = 3 * hidden * int(config["intermediate_size"])
+    moe = _moe(config)
+    if moe:
+        experts, inter, shared, dense_layers = moe
+        expert_layers = layers - dense_layers
+        mlp = dense_layers * dense_mlp + expert_layers * (experts + shared) * 3 * hidden * inter
+        router = expert_layers * hidden * experts
+    else:
+        mlp, router = layers * dense_mlp, 0
+    embedding = vocab * hidden
+    lm_head = 0 if config.get("tie_word_embeddings") else vocab * hidden
+    return {
+        "embedding": embedding,
+        "lm_head": lm_head,
+        "linear": layers * attention + mlp,
+        "other": layers * (2 * hidden + attn_other) + hidden + router,
+    }
+
+
+def parameter_count(config):
+    return sum(parameter_groups(config).values())

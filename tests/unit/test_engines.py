@@ -223,3 +223,53 @@ def test_pending_download_defers_the_model_checks():
     fetched = {"/srv/models/r1": {"exists": True, "config": QWEN14}}
     assert "tensor_parallel_size=3" in " ".join(errors_of(chat(model="/srv/models/r1", tensor_parallel_size=3,
                                                                gpus=[0, 1, 2]), models=fetched))  # fmt: skip
+
+
+# KV cache per token, against published figures:
+# - Llama 3.1 8B: 32 layers x 2 x 8 KV heads x 128 x 2 bytes = 131,072 B (128 KiB) per token at
+#   bf16, the figure in vLLM's and NVIDIA's KV sizing write-ups ("0.125 MiB/token").
+# - DeepSeek V3 (MLA): (kv_lora_rank 512 + rope 64) x 61 layers x 2 bytes = 70,272 B per token;
+#   the DeepSeek-V2 paper (arXiv 2405.04434, table 1) gives MLA's cache as (d_c + d_h^R) x l
+#   elements, and vLLM keeps it whole on every TP rank.
+@pytest.mark.parametrize(
+    ("config", "tp", "kv_dtype", "expected"),
+    [
+        (LLAMA8, 1, "auto", 131072), (LLAMA8, 2, "auto", 65536), (LLAMA8, 8, "auto", 16384),
+        (LLAMA8, 16, "auto", 16384),  # TP 16 > 8 KV heads: one replicated head per rank
+        (LLAMA8, 1, "fp8", 65536),
+        (QWEN14, 2, "auto", 98304),
+        (DSV3, 1, "auto", 70272), (DSV3, 8, "auto", 70272),
+    ],
+)  # fmt: skip
+def test_kv_bytes_per_token(config, tp, kv_dtype, expected):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import kv_bytes_per_token
+
+    assert kv_bytes_per_token(load_model_config(config), tp, kv_dtype) == expected
+
+
+def test_kv_cache_tokens_round_to_whole_blocks():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import kv_cache_tokens
+
+    assert kv_cache_tokens(2**30, 1024, 16) == 1_048_576
+    assert kv_cache_tokens(2**30, 3072, 16) == 349_520  # 21,845 whole blocks of 16
+    assert kv_cache_tokens(10, 1024) == 0
+
+
+# Parameter counts against published totals (within 0.5 %):
+# Llama 3.1 8B 8.03B and 70B 70.6B (Hugging Face model pages, safetensors metadata);
+# DeepSeek-R1-Distill-Qwen-14B 14.8B and Qwen2.5-32B 32.8B (same source); Mixtral 8x7B 46.7B
+# total (Mistral AI's release notes); DeepSeek-V3 671B total without the MTP module
+# (DeepSeek-V3 technical report, arXiv 2412.19437).
+@pytest.mark.parametrize(
+    ("name", "published"),
+    [
+        ("llama-3.1-8b-instruct", 8.03e9), ("llama-3.1-70b-instruct", 70.6e9),
+        ("deepseek-r1-distill-qwen-14b", 14.8e9), ("qwen2.5-32b-instruct-awq", 32.8e9),
+        ("mixtral-8x7b-instruct", 46.7e9), ("deepseek-v3", 671e9),
+    ],
+)  # fmt: skip
+def test_parameter_counts_match_published_totals(name, published):
+    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import parameter_count
+
+    config = load_model_config((CONFIGS / ("%s.json" % name)).read_text())
+    assert abs(parameter_count(config) - published) / published < 0.005

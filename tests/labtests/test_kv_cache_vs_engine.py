@@ -1,0 +1,65 @@
+"""The planner's KV-cache arithmetic against the real engine's own count.
+
+For tiny generated models of different shapes (layers, heads, KV heads, dtype), start the
+vLLM CPU engine with a known KV space (VLLM_CPU_KVCACHE_SPACE=1 GiB) and compare the tokens
+it logs ("CPU KV cache size: N tokens") with the planner's figure, exactly. vLLM's CPU
+backend pages the cache in blocks of 128 tokens (vllm/platforms/cpu.py, non-MLA default).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HARNESS
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._planner import (
+    kv_bytes_per_token,
+    kv_cache_tokens,
+    logged_kv_tokens,
+)
+
+KV_SPACE = 2**30
+CPU_BLOCK = 128
+MAX_MODEL_LEN = 2048
+LOGGED = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
+
+
+def _engine_kv_tokens(image, model_dir, dtype):
+    name = "gpufleet-kvcheck-%d" % time.monotonic_ns()
+    subprocess.run(
+        ["docker", "run", "-d", "--name", name, "--network", "none", "--shm-size", "1g",
+         "-e", "VLLM_CPU_KVCACHE_SPACE=1", "-e", "HF_HUB_OFFLINE=1", "-v", "%s:/m:ro" % model_dir,
+         image, "--model", "/m", "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
+         "--host", "127.0.0.1", "--port", "18123"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True, check=False)
+            found = LOGGED.search(logs.stdout + logs.stderr)
+            if found:
+                return int(found.group(1).replace(",", ""))
+            time.sleep(2)
+        pytest.fail("engine never logged its KV cache size:\n%s" % (logs.stdout + logs.stderr)[-3000:])
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-llama-mha", "tiny-llama-gqa8"])
+def test_planner_kv_tokens_equal_the_engine(vllm_image, preset):
+    model_dir = subprocess.run([HARNESS, "model", preset], check=True, capture_output=True, text=True).stdout.strip()
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    dtype = json.loads((Path(model_dir) / "gpufleet-tiny-model.json").read_text())["dtype"]
+    per_token = kv_bytes_per_token(config, 1, "auto", dtype)
+    planned = kv_cache_tokens(KV_SPACE, per_token, CPU_BLOCK)
+    blocks = planned // CPU_BLOCK
+    assert logged_kv_tokens(blocks, CPU_BLOCK, MAX_MODEL_LEN) == planned
+    logged = _engine_kv_tokens(vllm_image, model_dir, dtype)
+    print("%s: %d B/token, planner %d tokens, engine %d tokens" % (preset, per_token, planned, logged))
+    assert logged == planned
