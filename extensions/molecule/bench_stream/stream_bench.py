@@ -102,7 +102,7 @@ async def main():
         # Each level runs the three paths back to back, starting with a different one each time.
         for name, base, key in TARGETS[n % 3 :] + TARGETS[: n % 3]:
             figures["%s@%d" % (name, concurrency)] = await level(base, key, concurrency)
-    header = "%-10s %4s %9s %9s %9s %9s %8s %8s %9s" % (
+    header = "%-10s %4s %9s %9s %9s %9s %8s %8s %9s %9s" % (
         "path",
         "conc",
         "TTFT p50",
@@ -112,6 +112,7 @@ async def main():
         "events",
         "tokens",
         "tok/s",
+        "together",
     )
     print(header)
     print("-" * len(header))
