@@ -493,6 +493,11 @@ def _overlaps(a, b):
     return bool(expand(a) & expand(b))
 
 
+def local_address(bind):
+    """Where a client on the same host reaches an engine bound to `bind` (wildcards: loopback)."""
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", None) else bind
+
+
 def render(inst, gpu=None, host=None, defaults=None):
     """Everything the role writes for one validated instance."""
     defaults = defaults or {}
@@ -507,7 +512,7 @@ def render(inst, gpu=None, host=None, defaults=None):
     ipc, shm = ipc_mode(inst)
     cpus, mems, why = placement(inst, gpu, host)
     port = inst["port"]
-    health_host = "127.0.0.1" if inst.get("bind", "127.0.0.1") in ("0.0.0.0", "::") else inst.get("bind", "127.0.0.1")
+    health_host = local_address(inst.get("bind", "127.0.0.1"))
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     if accelerator == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(inst.get("kv_cache_space_gib", 1))
@@ -550,7 +555,8 @@ def render(inst, gpu=None, host=None, defaults=None):
         "--health-start-period", "%ds" % inst.get("readiness_timeout", 900),
     ]  # fmt: skip
     entry = ["/bin/sh", "-c", 'set -a; . %s; set +a; exec "$@"' % SECRET_MOUNT, "gpufleet-engine", *ENTRYPOINT[engine]]
-    docker += ["--entrypoint", entry[0], image, *entry[1:], *engine_args(inst)]
+    args = engine_args(inst)
+    docker += ["--entrypoint", entry[0], image, *entry[1:], *args]
     return {
         "name": name,
         "engine": engine,
@@ -559,7 +565,7 @@ def render(inst, gpu=None, host=None, defaults=None):
         "unit": "gpufleet-engine@%s.service" % name,
         "container": "gpufleet-%s" % name,
         "docker_args": docker,
-        "engine_args": engine_args(inst),
+        "engine_args": args,
         "ipc": ipc,
         "shm_size": shm,
         "cpuset_cpus": cpus,

@@ -31,6 +31,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._nvidia_smi impor
     parse_smi_summary,
     parse_topo_matrix,
     parse_topo_p2p,
+    sysfs_pci_address,
 )
 
 # The fields gpu_facts asks --query-gpu for. The CSV parser maps columns by header, so a
@@ -216,8 +217,6 @@ def build_facts(query_csv=None, summary=None, topo=None, p2p=None, sysfs=None, r
         if mem is not None:
             entry["memory_total_mib"] = mem
         driver_version = driver_version or row.get("driver_version")
-
-    from ansible_collections.gpufleet.serving.plugins.module_utils._nvidia_smi import sysfs_pci_address
 
     result_devices = []
     for i in sorted(devices):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import local_address
+
 KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENDPOINT = re.compile(r"^/v1/[a-z][a-z0-9_/.-]*$")
@@ -145,13 +147,9 @@ def plan_proxy(params, engines):
         )
     return {
         "errors": errors,
-        "upstream": ["%s:%d" % (_loopback(e.get("bind", "127.0.0.1")), e["port"]) for e in chosen if "port" in e],
+        "upstream": ["%s:%d" % (local_address(e.get("bind", "127.0.0.1")), e["port"]) for e in chosen if "port" in e],
         "engine_key": (chosen[0].get("api_key") or None) if chosen else None,
         "model": models[0] if models else None,
         "instances": [e["name"] for e in chosen],
         "monitor": [{"name": e["name"], "port": e.get("port")} for e in chosen],
     }
-
-
-def _loopback(bind):
-    return "127.0.0.1" if bind in ("0.0.0.0", "::", None) else bind
