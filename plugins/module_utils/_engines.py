@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._planner import (
     ModelConfigError,
     load_model_config,
@@ -272,13 +273,14 @@ def validate(instances, gpu=None, models=None, host=None):
             for k, v in env.items()
         ):
             errors.append("%s.env must map UPPER_CASE names to one-line strings or numbers." % where)
-        tp = options.get("tensor_parallel_size") or 1
         pp = options.get("pipeline_parallel_size") or 1
         # GPUs
         gpus = inst.get("gpus", [])
         if not isinstance(gpus, list) or not all(_typed(g, int) for g in gpus):
             errors.append("%s.gpus=%r must be a list of GPU indices, e.g. [0, 1]." % (where, gpus))
             gpus = []
+        # Unpinned TP spreads the model over all the instance's GPUs.
+        tp = options.get("tensor_parallel_size") or _default_tp(inst, gpus, pp)
         if accelerator == "nvidia":
             if not gpus:
                 errors.append("%s.gpus is required for accelerator nvidia (the device indices it runs on)." % where)
@@ -362,6 +364,12 @@ def validate(instances, gpu=None, models=None, host=None):
                 except ModelConfigError as exc:
                     errors.append("%s.model=%s: %s" % (where, model, exc))
     return errors
+
+
+def _default_tp(inst, gpus, pp):
+    if inst.get("accelerator", "nvidia") == "cpu" or not gpus or not _typed(pp, int) or pp < 1:
+        return 1
+    return max(1, len(gpus) // pp)
 
 
 def _similar(a, b):
@@ -580,9 +588,106 @@ def render(inst, gpu=None, host=None, defaults=None):
     }
 
 
+def memory_plans(instances, gpu=None, models=None):
+    """The memory plan of every validated instance whose model config is at hand:
+    ({name: plan}, errors). A plan's options fill in what the instance does not pin."""
+    gpu = gpu or {}
+    devices = {d.get("index"): d for d in gpu.get("devices") or []}
+    plans, errors = {}, []
+    for i, inst in enumerate(instances):
+        where = _where(i, inst)
+        info = (models or {}).get(inst.get("model")) or {}
+        if not info.get("config"):
+            continue
+        options = _options_of(inst)
+        pp = options.get("pipeline_parallel_size") or 1
+        pins = {k: options.get(k) for k in _memory_plan.PIN_KEYS if options.get(k) is not None}
+        accelerator = inst.get("accelerator", "nvidia")
+        try:
+            config = load_model_config(info["config"])
+            if accelerator == "cpu":
+                space = int(inst.get("kv_cache_space_gib", 1)) * 2**30
+                plan_ = _memory_plan.plan_memory(config, accelerator="cpu", pins=pins, kv_space_bytes=space)
+            else:
+                mine = [devices[g] for g in inst.get("gpus") or [] if g in devices]
+                sizes = [d.get("memory_total_mib") for d in mine if d.get("memory_total_mib")]
+                if not sizes or pp != 1:
+                    continue  # no memory facts (or pipeline parallel): nothing to plan from
+                pins.setdefault("tensor_parallel_size", len(inst["gpus"]))
+                plan_ = _memory_plan.plan_memory(
+                    config,
+                    gpus=len(inst["gpus"]),
+                    gpu_memory_bytes=_memory_plan.usable_bytes(min(sizes)),
+                    engine=inst.get("engine", "vllm"),
+                    pins=pins,
+                    gpu_name=mine[0].get("name"),
+                )
+        except (ModelConfigError, _memory_plan.PlanInputError, KeyError, TypeError, ValueError) as exc:
+            errors.append("%s.model=%s: the memory plan cannot read it: %s" % (where, inst.get("model"), exc))
+            continue
+        for message in plan_["errors"]:
+            errors.append("%s (memory plan): %s" % (where, message))
+        plans[inst["name"]] = plan_
+    return plans, errors
+
+
+def _with_plan(inst, plan_):
+    """The instance with the plan's values for every option it does not pin."""
+    if not plan_:
+        return inst
+    pinned = _options_of(inst)
+    merged = dict(inst)
+    for key, value in (plan_.get("options") or {}).items():
+        if pinned.get(key) is None:
+            merged[key] = value
+    return merged
+
+
+def memory_summary(plan_):
+    """One diff-friendly line per figure, for the role's output."""
+    if not plan_:
+        return []
+    gib = 2.0**30
+    lines = []
+    if plan_.get("weights_bytes_per_gpu") is not None:
+        lines.append(
+            "per GPU: weights %.2f GiB, KV cache %.2f GiB, activations %.2f GiB, CUDA graphs %.2f GiB, "
+            "context+NCCL %.2f GiB of %.2f GiB"
+            % (
+                plan_["weights_bytes_per_gpu"] / gib,
+                plan_["kv_cache_bytes_per_gpu"] / gib,
+                plan_["activation_bytes_per_gpu"] / gib,
+                plan_["cudagraph_bytes_per_gpu"] / gib,
+                plan_["outside_bytes_per_gpu"] / gib,
+                plan_["gpu_memory_bytes"] / gib,
+            )
+        )
+    lines.append(
+        "KV cache: %d tokens (%d B/token/GPU), max_model_len %d, %.2f requests at full length"
+        % (
+            plan_["kv_cache_tokens"],
+            plan_["kv_bytes_per_token_per_gpu"],
+            plan_["max_model_len"],
+            plan_["max_concurrency"],
+        )
+    )
+    lines.extend("why: %s" % r for r in plan_.get("reasons") or [])
+    lines.extend("warning: %s" % w for w in plan_.get("warnings") or [])
+    return lines
+
+
 def plan(instances, gpu=None, models=None, host=None, defaults=None):
-    """validate + render: {errors: [...], instances: [...]} (instances empty on errors)."""
+    """validate + memory plan + render: {errors: [...], instances: [...]} (instances empty on
+    errors). Each rendered instance carries its memory plan's summary lines."""
     errors = validate(instances, gpu=gpu, models=models, host=host)
     if errors:
         return {"errors": errors, "instances": []}
-    return {"errors": [], "instances": [render(i, gpu=gpu, host=host, defaults=defaults) for i in instances]}
+    plans, errors = memory_plans(instances, gpu=gpu, models=models)
+    if errors:
+        return {"errors": errors, "instances": []}
+    rendered = []
+    for inst in instances:
+        out = render(_with_plan(inst, plans.get(inst["name"])), gpu=gpu, host=host, defaults=defaults)
+        out["memory_plan"] = memory_summary(plans.get(inst["name"]))
+        rendered.append(out)
+    return {"errors": [], "instances": rendered}

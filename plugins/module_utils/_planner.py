@@ -3,8 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The capacity planner (private to gpufleet.serving). Pure Python, no torch.
 
-This first piece holds the model-shape rules that decide whether a parallel layout can
-load at all; the memory budget grows here next (weights, KV cache, activations).
+The model's arithmetic: the shape rules that decide whether a parallel layout can load at
+all, KV cache bytes per token, parameter counts, and the bytes each GPU holds for weights
+and activations. The budget that combines them, and the choices made from it, live in
+_memory_plan.py.
 """
 
 from __future__ import annotations
@@ -228,3 +230,160 @@ def parameter_groups(config):
 
 def parameter_count(config):
     return sum(parameter_groups(config).values())
+
+
+# ---------------------------------------------------------------- quantization and weights per GPU
+
+# vLLM pads the vocabulary of VocabParallelEmbedding and ParallelLMHead to a multiple of 64
+# before splitting it over TP ranks (DEFAULT_VOCAB_PADDING_SIZE,
+# vllm/model_executor/layers/vocab_parallel_embedding.py).
+VOCAB_PADDING = 64
+QUANT_METHODS = ("awq", "gptq", "fp8")
+# Engine spellings of the same checkpoint formats (vLLM picks the Marlin kernels itself).
+_QUANT_FAMILY = {
+    "awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq", "fp8": "fp8",
+    "compressed-tensors": "compressed-tensors", "none": None,
+}  # fmt: skip
+
+
+def quantization_of(config, pin=None):
+    """How the engine stores the linear weights: {'method', 'bits', 'group_size', 'block'}.
+
+    Read from config.json's quantization_config (AutoAWQ and GPTQ write quant_method, bits
+    or w_bit, group_size or q_group_size; FP8 checkpoints write quant_method fp8 and, for
+    DeepSeek V3, weight_block_size; llm-compressor writes compressed-tensors config_groups).
+    A pin must match the checkpoint: vLLM refuses --quantization awq on a checkpoint that is
+    not AWQ. A pinned fp8 on a 16-bit checkpoint is vLLM's online FP8 quantization. Raises
+    ModelConfigError with the fix when the pin and the checkpoint disagree.
+    """
+    config = _text_config(config)
+    qc = config.get("quantization_config") or {}
+    ckpt_raw = str(qc.get("quant_method") or "").lower() or None
+    ckpt = _QUANT_FAMILY.get(ckpt_raw, ckpt_raw)
+    pinned = _QUANT_FAMILY.get(pin, pin) if pin not in (None, "auto") else "auto"
+    if pinned != "auto" and pinned is None and ckpt:
+        raise ModelConfigError(
+            "quantization=none, but the checkpoint is quantized (config.json quantization_config.quant_method=%s); "
+            "drop the pin or use the 16-bit checkpoint" % ckpt_raw
+        )
+    if pinned not in ("auto", None, "fp8") and pinned != ckpt:
+        raise ModelConfigError(
+            "quantization=%s, but the checkpoint's config.json %s; use a %s checkpoint or drop the pin"
+            % (pin, "says quant_method=%s" % ckpt_raw if ckpt else "has no quantization_config", pin.upper())
+        )
+    if pinned == "fp8" and ckpt not in (None, "fp8"):
+        raise ModelConfigError(
+            "quantization=fp8, but the checkpoint is already quantized with %s; drop the pin" % ckpt_raw
+        )
+    method = ckpt if pinned == "auto" else (pinned or None)
+    if method is None:
+        return {"method": None, "bits": None, "group_size": None, "block": None}
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc)
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        return {"method": "fp8", "bits": 8, "group_size": None, "block": list(block) if block else None}
+    if method in ("awq", "gptq"):
+        bits = int(qc.get("bits") or qc.get("w_bit") or 4)
+        group = int(qc.get("group_size") or qc.get("q_group_size") or 128)
+        return {"method": method, "bits": bits, "group_size": group, "block": None}
+    raise ModelConfigError(
+        "quantization %s is not one the planner can size (it knows AWQ, GPTQ, FP8 and compressed-tensors "
+        "int4/int8/fp8); pin the memory options by hand" % ckpt_raw
+    )
+
+
+def _compressed_tensors(qc):
+    for group in (qc.get("config_groups") or {}).values():
+        weights = (group or {}).get("weights") or {}
+        bits = int(weights.get("num_bits") or 8)
+        if weights.get("type") == "float":
+            return {"method": "fp8", "bits": 8, "group_size": None, "block": weights.get("block_structure")}
+        size = weights.get("group_size")
+        return {"method": "int%d" % bits, "bits": bits, "group_size": int(size) if size else None, "block": None}
+    raise ModelConfigError("compressed-tensors quantization_config has no config_groups with weights")
+
+
+def linear_bytes_per_parameter(quant, dtype_bytes):
+    """Bytes one quantized-layer parameter takes, scales and zero points included.
+
+    - AWQ/GPTQ b-bit with group g: the packed weight b/8 bytes, one fp16 scale (2 bytes) and one
+      packed b-bit zero point per group of g inputs: b/8 + 2/g + b/(8 g). 4-bit, g=128 gives
+      0.5195 bytes per parameter (AutoAWQ qweight/qzeros/scales tensor shapes; GPTQ's
+      qweight/qzeros/scales are the same sizes, its g_idx is one int32 per input row).
+    - FP8: 1 byte, plus one fp32 scale per 128x128 block for block-quantized checkpoints
+      (DeepSeek V3's weight_block_size) or one per tensor.
+    """
+    if not quant or not quant.get("method"):
+        return float(dtype_bytes)
+    if quant["method"] == "fp8":
+        block = quant.get("block")
+        return 1.0 + (4.0 / (block[0] * block[1]) if block and len(block) == 2 else 0.0)
+    bits = quant.get("bits") or 4
+    group = quant.get("group_size")
+    per = bits / 8.0
+    if group and group > 0:
+        per += 2.0 / group + bits / 8.0 / group
+    return per
+
+
+def _padded_vocab(vocab):
+    return -(-int(vocab) // VOCAB_PADDING) * VOCAB_PADDING
+
+
+def weights_per_gpu(config, tensor_parallel_size=1, dtype="auto", quantization=None):
+    """Bytes of weights one TP rank holds, by part: {'linear', 'embedding', 'lm_head', 'other',
+    'rotary', 'total'}.
+
+    How vLLM stores them (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py,
+    fused_moe/layer.py, models/llama.py, models/deepseek_v2.py):
+    - column/row-parallel matrices (q, o, MLP, experts: FusedMoE splits every expert's
+      intermediate size over TP by default) hold 1/TP each; K and V hold their KV heads'
+      share, or one replicated head when TP exceeds the KV heads (QKVParallelLinear);
+    - MLA's down-projections (q_a_proj, kv_a_proj_with_mqa) and the MoE router are
+      ReplicatedLinear: every rank holds them whole;
+    - embedding and lm_head are vocab-parallel over the vocabulary padded to 64, in the
+      model dtype even in AWQ/GPTQ/FP8 checkpoints; a tied lm_head shares the embedding;
+    - norms are replicated; the rotary cos/sin cache is one [max_position, rotary_dim] tensor
+      in the model dtype (rotary_embedding.py; 32 MiB for Llama 3.1's 131072 positions).
+    The 8B check: 8.030e9 x 2 B + 32 MiB = 14.99 GiB, the "Model loading took 14.99 GiB"
+    vLLM logs for Llama-3.1-8B-Instruct on one GPU.
+    """
+    config = _text_config(config)
+    tp = int(tensor_parallel_size or 1)
+    wdtype = model_dtype(config, dtype)
+    if quantization and quantization.get("method") in ("awq", "gptq") and wdtype == "bfloat16":
+        wdtype = "float16"  # vLLM runs AWQ/GPTQ kernels in float16 (their supported act dtypes)
+    dbytes = DTYPE_BYTES[wdtype]
+    hidden = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    groups = parameter_groups(config)
+    if config.get("kv_lora_rank"):
+        # q_a_proj and kv_a_proj_with_mqa: ReplicatedLinear, whole on every rank
+        q_rank = int(config.get("q_lora_rank") or 0)
+        whole = layers * hidden * (q_rank + int(config["kv_lora_rank"]) + int(config["qk_rope_head_dim"]))
+        split_linear = (groups["linear"] - whole) / tp + whole
+    else:
+        # K and V: this rank's KV heads (split, or one replicated head)
+        dim = head_dim(config)
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        kv_all = layers * 2 * hidden * kv_heads * dim
+        kv_rank = layers * 2 * hidden * kv_heads_per_gpu(config, tp) * dim
+        split_linear = (groups["linear"] - kv_all) / tp + kv_rank
+    linear = split_linear * linear_bytes_per_parameter(quantization, dbytes)
+    vocab_rank = _padded_vocab(config["vocab_size"]) // tp
+    embedding = vocab_rank * hidden * dbytes
+    lm_head = 0 if config.get("tie_word_embeddings") else vocab_rank * hidden * dbytes
+    other = groups["other"] * dbytes
+    rotary_dim = int(config.get("qk_rope_head_dim") or 0) or head_dim(config)
+    rotary = int(config.get("max_position_embeddings") or 0) * rotary_dim * dbytes
+    parts = {
+        "linear": int(linear),
+        "embedding": int(embedding),
+        "lm_head": int(lm_head),
+        "other": int(other),
+        "rotary": int(rotary),
+    }
+    parts["total"] = sum(parts.values())
+    return parts

@@ -100,6 +100,144 @@ def cmd_gpu_show(args: argparse.Namespace) -> int:
     return 0
 
 
+PLAN_PARTS = (
+    # (bar letter, label, result key)
+    ("W", "weights", "weights_bytes_per_gpu"),
+    ("K", "KV cache", "kv_cache_bytes_per_gpu"),
+    ("A", "activations", "activation_bytes_per_gpu"),
+    ("G", "CUDA graphs + non-torch", None),
+    ("C", "context + NCCL", "outside_bytes_per_gpu"),
+)
+BAR_WIDTH = 60
+GIB = 2**30
+
+
+def _read_model_config(path: str) -> dict:
+    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import load_model_config
+
+    target = Path(path)
+    if target.is_dir():
+        target = target / "config.json"
+    try:
+        text = target.read_text()
+    except OSError as exc:
+        raise ValueError(
+            "cannot read %s: %s (give a model folder or its config.json)" % (target, exc.strerror)
+        ) from None
+    return load_model_config(text)
+
+
+def _plan_parts(plan: dict) -> list[tuple[str, str, int]]:
+    parts = []
+    for letter, label, key in PLAN_PARTS:
+        if key is None:
+            value = (plan.get("cudagraph_bytes_per_gpu") or 0) + (plan.get("non_torch_bytes_per_gpu") or 0)
+        else:
+            value = plan.get(key) or 0
+        parts.append((letter, label, int(value)))
+    used = sum(p[2] for p in parts)
+    parts.append((".", "headroom", max(plan["gpu_memory_bytes"] - used, 0)))
+    return parts
+
+
+def _bar(parts: list[tuple[str, str, int]], total: int) -> str:
+    cells = []
+    for letter, _, value in parts:
+        cells.append(letter * round(BAR_WIDTH * value / float(total)) if value > 0 else "")
+    bar = "".join(cells)
+    return "[" + (bar + "." * BAR_WIDTH)[:BAR_WIDTH] + "]"
+
+
+def print_plan(plan: dict) -> None:
+    m = plan.get("model") or {}
+    head = "%s, %.2fB parameters, %s%s" % (
+        m.get("architecture", "?"),
+        (m.get("parameters") or 0) / 1e9,
+        m.get("dtype", "?"),
+        ", %s" % m["quantization"] if m.get("quantization") else "",
+    )
+    print("model      %s" % head)
+    if plan.get("accelerator") == "cpu":
+        print("engine     vllm on CPU, KV cache space %.2f GiB" % (plan["kv_cache_bytes_per_gpu"] / GIB))
+    else:
+        print(
+            "hardware   %d GPU(s) x %.2f GiB usable, engine %s"
+            % (plan["gpus"], plan["gpu_memory_bytes"] / GIB, plan["engine"])
+        )
+    print("fits       %s" % ("yes" if plan["fits"] else "NO"))
+    if plan.get("kv_bytes_per_token_per_gpu"):
+        rows = [
+            ("tensor_parallel_size", plan.get("tensor_parallel_size")),
+            ("max_model_len", plan.get("max_model_len")),
+            ("kv_cache_tokens", "{:,}".format(plan.get("kv_cache_tokens") or 0)),
+            ("max_concurrency", "%.2f requests at full length" % (plan.get("max_concurrency") or 0)),
+            ("kv bytes/token/GPU", "{:,}".format(plan["kv_bytes_per_token_per_gpu"])),
+        ]
+        for key in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager"):
+            if key in plan:
+                rows.append((key, plan[key]))
+        for key, value in rows:
+            print("  %-24s %s" % (key, value))
+    if plan.get("gpu_memory_bytes") and plan.get("weights_bytes_per_gpu") is not None:
+        parts = _plan_parts(plan)
+        print("per GPU    %s %.2f GiB" % (_bar(parts, plan["gpu_memory_bytes"]), plan["gpu_memory_bytes"] / GIB))
+        print("           " + " | ".join("%s %s %.2f" % (letter, label, value / GIB) for letter, label, value in parts))
+    if plan.get("engine_args"):
+        print(
+            "engine args  "
+            + " ".join(
+                flag if value is True else "%s %s" % (flag, value) for flag, value in plan["engine_args"].items()
+            )
+        )
+    for title, key in (("why", "reasons"), ("warning", "warnings"), ("error", "errors")):
+        for line in plan.get(key) or []:
+            print("%-10s %s" % (title, line))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan as mp
+    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import ModelConfigError
+
+    try:
+        config = _read_model_config(args.model)
+        if args.gpu_memory_gib is None and args.accelerator != "cpu":
+            raise ValueError("--gpu-memory-gib is required (the memory of one GPU, as nvidia-smi lists it)")
+        if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 1:
+            raise ValueError(
+                "--gpu-memory-gib=%s is too small; give one GPU's memory in GiB, e.g. 24" % args.gpu_memory_gib
+            )
+        pins = {
+            "tensor_parallel_size": args.tensor_parallel_size,
+            "quantization": args.quantization,
+            "dtype": args.dtype,
+            "kv_cache_dtype": args.kv_cache_dtype if args.kv_cache_dtype != "auto" else None,
+            "max_model_len": args.max_model_len,
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "enforce_eager": True if args.enforce_eager else None,
+        }
+        plan = mp.plan_memory(
+            config,
+            gpus=args.gpus,
+            gpu_memory_bytes=mp.usable_bytes(gib=args.gpu_memory_gib) if args.gpu_memory_gib else None,
+            engine=args.engine,
+            accelerator=args.accelerator,
+            pins=pins,
+            concurrency=args.concurrency,
+            kv_space_bytes=int(args.kv_cache_space_gib * GIB) if args.kv_cache_space_gib else None,
+        )
+    except (ValueError, ModelConfigError) as exc:
+        print("gpufleet plan: %s" % exc, file=sys.stderr)
+        return 1
+    plan["engine_args"] = mp.engine_args(plan.get("options") or {}, args.engine)
+    if args.json:
+        print(json.dumps(plan, indent=2, sort_keys=True))
+    else:
+        print_plan(plan)
+    return 0 if plan["fits"] else 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpufleet", description=__doc__)
     parser.add_argument("--version", action="version", version=_version_text())
@@ -115,6 +253,35 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("folder")
     show.add_argument("--json", action="store_true", help="print the facts as gpu_facts returns them")
     show.set_defaults(func=cmd_gpu_show)
+
+    plan = sub.add_parser(
+        "plan",
+        help="the memory plan for a model on GPUs: what fits, the engine settings, and why",
+        description="Compute weights, KV cache, activations, CUDA graphs and context per GPU the way the engine "
+        "does at startup; choose the settings you do not pin. Exit 0 when it fits, 2 when it does not, 1 on bad input.",
+    )
+    plan.add_argument("--model", required=True, help="model folder (or its config.json)")
+    plan.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU in GiB, as nvidia-smi lists it (24, 80)")
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs the instance may use (default 1)")
+    plan.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
+    plan.add_argument("--accelerator", choices=("nvidia", "cpu"), default="nvidia")
+    plan.add_argument(
+        "--kv-cache-space-gib", type=float, help="KV cache space of a CPU instance (VLLM_CPU_KVCACHE_SPACE)"
+    )
+    plan.add_argument("--tensor-parallel-size", type=int)
+    plan.add_argument("--quantization", choices=("none", "awq", "gptq", "fp8"))
+    plan.add_argument("--dtype", choices=("bfloat16", "float16"))
+    plan.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    plan.add_argument("--max-model-len", type=int)
+    plan.add_argument("--max-num-seqs", type=int)
+    plan.add_argument("--max-num-batched-tokens", type=int)
+    plan.add_argument("--gpu-memory-utilization", type=float, help="for SGLang: mem_fraction_static")
+    plan.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    plan.add_argument(
+        "--concurrency", type=int, help="full-length requests that must fit at once (default: max-num-seqs, else 8)"
+    )
+    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    plan.set_defaults(func=cmd_plan)
     return parser
 
 

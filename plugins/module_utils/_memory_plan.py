@@ -1,0 +1,742 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The memory plan (private to gpufleet.serving): what fits on a GPU, and the engine
+settings that make it fit. Pure Python, no torch.
+
+One implementation behind `gpufleet plan`, the memory_plan filter and the engine role's
+preflight. It combines the model arithmetic of _planner.py into the budget the engines
+themselves compute at startup, then chooses the settings the user did not pin:
+
+vLLM (V1 engine, vllm/v1/worker/gpu_worker.py determine_available_memory, v0.21+):
+    KV cache = total x gpu_memory_utilization
+               - weights - activation peak of the profile run - non-torch growth
+               - CUDA graph memory (estimated during profiling, on by default since v0.21)
+    The CUDA context and the NCCL/custom all-reduce buffers are created before vLLM's
+    baseline snapshot, so they must fit in the (1 - gpu_memory_utilization) left outside:
+    vLLM refuses to start when free memory is below total x gpu_memory_utilization.
+SGLang (python/sglang/srt/model_executor/model_runner.py profile_max_num_token):
+    KV pool = free memory after loading the weights - total x (1 - mem_fraction_static);
+    activations and CUDA graphs run in the (1 - mem_fraction_static) part.
+vLLM on CPU: the KV cache is VLLM_CPU_KVCACHE_SPACE, nothing else is budgeted.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _planner as model
+
+GIB = 2**30
+MIB = 2**20
+
+# ---------------------------------------------------------------- constants, each with its source
+#
+# vLLM defaults (vllm/engine/arg_utils.py get_batch_defaults, OpenAI server): GPUs with at
+# least 70 GiB that are not A100 get max_num_batched_tokens 8192 and max_num_seqs 1024;
+# others 2048 and 256. gpu_memory_utilization 0.9 (vllm/config/cache.py).
+VLLM_BIG_GPU_GIB = 70
+VLLM_DEFAULTS_BIG = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+VLLM_DEFAULTS_SMALL = {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+VLLM_DEFAULT_UTILIZATION = 0.9
+# Block (page) sizes: vLLM on CUDA 16 tokens (vllm/platforms/cuda.py), on CPU 128 (measured in
+# the lab: tests/labtests/test_kv_cache_vs_engine.py); SGLang pages of 1 token by default.
+BLOCK_SIZE = {("vllm", "nvidia"): 16, ("vllm", "cpu"): 128, ("sglang", "nvidia"): 1}
+# What the driver keeps back from the memory nvidia-smi lists as memory.total: CUDA reports
+# 79.19 GiB on an H100 80GB HBM3 (81,559 MiB in nvidia-smi; llm-d-planner's v0.19 accuracy
+# report), 23.58 GiB on an RTX 3090 (24,576 MiB; vllm-project/vllm#10517): 430-470 MiB.
+DRIVER_RESERVED = 512 * MIB
+# Memory in use before vLLM's baseline snapshot on one GPU, outside its budget: the CUDA
+# context and allocator state. "Free memory on device (78.57/79.18 GiB) on startup" for
+# Llama-3.1-8B on an H100 (llm-d/llm-d-benchmark config_explorer/empirical-vllm-memory-results.md).
+CUDA_CONTEXT = 640 * MIB
+# NCCL, vLLM's custom all-reduce buffers and their graph registrations per rank when TP > 1:
+# non-torch memory 2.07 GiB at TP 2 and 2.13-2.17 GiB at TP 4 against 0.25-0.27 GiB at TP 1
+# (Llama-3.1-8B, Qwen2.5-7B, Mixtral on H100, vLLM v0.19, llm-d-planner accuracy report).
+# Newer vLLM creates them before its snapshot (outside the budget); the plan keeps room for
+# them outside either way, which only errs towards a smaller KV cache on older releases.
+NCCL_BASE = 1792 * MIB
+NCCL_PER_PEER = 48 * MIB
+# Non-torch memory that grows during vLLM's profile run on one GPU (cuBLAS workspaces, the
+# attention backend's buffers): 0.25 GiB in the same report ("non-torch forward increase").
+NON_TORCH_FORWARD = 256 * MIB
+# Safety margin kept free on every GPU beyond what the plan counts.
+MARGIN = GIB
+# Upper bound on the chosen gpu_memory_utilization / mem_fraction_static.
+MAX_UTILIZATION = 0.95
+# The sampler's dummy run at profiling: float32 logits for max_num_seqs requests over the whole
+# vocabulary plus the top-k/top-p work on them. 15 bytes per logit reproduces the activation
+# peak vLLM v0.19 measured on an H100 with 1024 sequences: 1.89 GiB for Llama-3.1-8B (vocab
+# 128,256), 2.21 GiB for Qwen2.5-7B (152,064), the same at TP 1, 2 and 4 (llm-d-planner report).
+SAMPLER_BYTES_PER_LOGIT = 15
+# CUDA graphs: vLLM captures sizes 1, 2, 4, 8..248 step 8, 256..max step 16 with max =
+# min(2 x max_num_seqs, 512) (--max-cudagraph-capture-size, vllm/config/compilation.py), in
+# FULL_AND_PIECEWISE mode (two graphs per size). The pool holds the activations of the largest
+# captured batch; each graph adds a per-layer cost. 240 KiB per layer and graph with a 128 MiB
+# base gives 0.92 GiB for Llama-3.1-8B with 1024 sequences: the report measured pools of
+# 0.51-1.85 GiB (mean 1.04) on H100s and logged "CUDA graph pool memory: 0.91 GiB (actual),
+# 0.84 GiB (estimated)".
+GRAPH_BASE = 128 * MIB
+GRAPH_PER_LAYER_PER_GRAPH = 240 * 1024
+# SGLang defaults by GPU memory (python/sglang/srt/server_args.py _handle_gpu_memory_settings,
+# sgl-project/sglang#10975): (below GiB, chunked_prefill_size, cuda_graph_max_bs for TP < 4, TP >= 4).
+SGLANG_BY_MEMORY = (
+    (20, 2048, 8, 8),
+    (35, 2048, 24, 80),
+    (60, 4096, 32, 160),
+    (90, 8192, 256, 512),
+    (160, 8192, 256, 512),
+    (10**9, 16384, 512, 512),
+)
+# The target concurrency when neither max_num_seqs nor concurrency is given: how many
+# requests at full context the plan keeps room for when it chooses max_model_len.
+DEFAULT_CONCURRENCY = 8
+# The context the plan will not shrink below when it chooses max_model_len itself (capped
+# by the model): shorter than 8k is of little use for chat and RAG endpoints.
+MIN_CONTEXT = 8192
+
+PIN_KEYS = (
+    "tensor_parallel_size",
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "mem_fraction_static",
+    "enforce_eager",
+    "context_length",
+    "max_running_requests",
+    "chunked_prefill_size",
+    "rope_scaling",
+)
+
+
+class PlanInputError(ValueError):
+    """Input the planner cannot read (config.json, sizes): exit status 1 in the CLI."""
+
+
+def _gib(n):
+    return "%.2f GiB" % (n / GIB)
+
+
+def model_max_len(config, rope_scaling=None):
+    """The longest context the checkpoint supports: max_position_embeddings (vLLM's
+    _get_and_verify_max_len reads it; Llama 3.1 and Qwen2.5 already state their scaled
+    length there). A pinned rope_scaling {factor, original_max_position_embeddings} extends
+    it, which is how vLLM accepts a longer max_model_len (--hf-overrides)."""
+    config = model._text_config(config)
+    limit = config.get("max_position_embeddings") or config.get("max_sequence_length") or config.get("seq_length")
+    if not isinstance(limit, int) or limit <= 0:
+        raise PlanInputError("config.json has no max_position_embeddings")
+    if isinstance(rope_scaling, dict) and rope_scaling.get("factor"):
+        base = int(rope_scaling.get("original_max_position_embeddings") or limit)
+        limit = max(limit, int(base * float(rope_scaling["factor"])))
+    return int(limit)
+
+
+def activation_peak(config, tensor_parallel_size, tokens, seqs, dtype_bytes):
+    """Peak torch memory of vLLM's profile run above the weights, per GPU: the larger of
+    the forward pass over `tokens` tokens and the sampler's run over `seqs` requests (the
+    forward's activations are freed before the sampler runs; its hidden states stay).
+
+    Forward (gpu_model_runner.py _dummy_run): at a dense MLP the residual and hidden states
+    [T, H] live beside gate_up [T, 2I/TP] and its activation [T, I/TP]. A fused MoE layer
+    holds three intermediate caches [T, top_k, 2N/TP], [T*top_k, N/TP], [T, top_k, H]
+    (fused_moe.py) beside the router's and the residual's tensors; 7 H per token for those
+    reproduces the 1.21 GiB measured for Mixtral 8x7B at TP 2 (llm-d-planner report, v0.19).
+    Sampler (_dummy_sampler_run): SAMPLER_BYTES_PER_LOGIT per logit of [S, padded vocab].
+    """
+    config = model._text_config(config)
+    tp = int(tensor_parallel_size)
+    hidden = int(config["hidden_size"])
+    vocab = model._padded_vocab(config["vocab_size"])
+    moe = model._moe(config)
+    dense = 2 * hidden + 3 * int(config.get("intermediate_size") or 0) // tp
+    if moe:
+        top_k = int(config.get("num_experts_per_tok") or 2)
+        per_token = top_k * (3 * moe[1] // tp + hidden) + 7 * hidden
+        if moe[3]:  # dense leading layers (DeepSeek V3): their MLP may be the larger one
+            per_token = max(per_token, dense)
+    else:
+        per_token = dense
+    forward = int(tokens) * per_token * dtype_bytes
+    sampled = min(int(seqs), int(tokens))
+    sampler = sampled * vocab * SAMPLER_BYTES_PER_LOGIT + int(tokens) * hidden * dtype_bytes
+    return max(forward, sampler)
+
+
+def capture_sizes(max_num_seqs, max_num_batched_tokens):
+    """The batch sizes vLLM captures CUDA graphs for (vllm/config/compilation.py)."""
+    largest = min(2 * int(max_num_seqs), 512, int(max_num_batched_tokens))
+    return [s for s in [1, 2, 4, *list(range(8, 256, 8)), *list(range(256, 513, 16))] if s <= largest]
+
+
+def cudagraph_memory(config, tensor_parallel_size, max_num_seqs, max_num_batched_tokens, dtype_bytes):
+    """CUDA graph memory per GPU, which vLLM's profiler estimates and takes from the KV
+    budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default since v0.21): the pool
+    for the largest captured batch plus a per-graph, per-layer cost, FULL and PIECEWISE."""
+    config = model._text_config(config)
+    sizes = capture_sizes(max_num_seqs, max_num_batched_tokens)
+    layers = int(config["num_hidden_layers"])
+    pool = activation_peak(config, tensor_parallel_size, sizes[-1], 0, dtype_bytes)
+    return GRAPH_BASE + pool + 2 * len(sizes) * layers * GRAPH_PER_LAYER_PER_GRAPH
+
+
+def nccl_memory(tensor_parallel_size):
+    tp = int(tensor_parallel_size)
+    return 0 if tp <= 1 else NCCL_BASE + (tp - 1) * NCCL_PER_PEER
+
+
+def _vllm_defaults(gpu_memory_bytes, gpu_name=None):
+    big = gpu_memory_bytes >= VLLM_BIG_GPU_GIB * GIB and "a100" not in (gpu_name or "").lower()
+    return dict(VLLM_DEFAULTS_BIG if big else VLLM_DEFAULTS_SMALL)
+
+
+def _round_down(value, step):
+    return int(value) // int(step) * int(step)
+
+
+def _pins(pins):
+    """Engine-neutral pins: SGLang's names fold into vLLM's."""
+    pins = dict(pins or {})
+    for sglang_key, key in (
+        ("context_length", "max_model_len"),
+        ("max_running_requests", "max_num_seqs"),
+        ("chunked_prefill_size", "max_num_batched_tokens"),
+        ("mem_fraction_static", "gpu_memory_utilization"),
+    ):
+        if pins.get(sglang_key) is not None and pins.get(key) is None:
+            pins[key] = pins[sglang_key]
+    return {k: v for k, v in pins.items() if v is not None}
+
+
+def plan_memory(
+    config,
+    gpus=1,
+    gpu_memory_bytes=None,
+    engine="vllm",
+    accelerator="nvidia",
+    pins=None,
+    concurrency=None,
+    kv_space_bytes=None,
+    gpu_name=None,
+):
+    """The memory plan for one engine instance. Returns a dict (see plan_fields) with
+    `fits`, `errors`, `warnings`, `reasons` and `options` (the engine options to pass).
+
+    config: a config.json dict (load with _planner.load_model_config); gpus: how many GPUs
+    the instance may use; gpu_memory_bytes: memory of each (the smallest when they differ);
+    pins: engine options the user fixed (planner keys in PIN_KEYS); concurrency: how many
+    full-length requests must fit at once (default: max_num_seqs when pinned, else 8);
+    kv_space_bytes: the KV cache space of a CPU instance.
+    """
+    pins = _pins(pins)
+    errors, warnings, reasons = [], [], []
+    if accelerator == "cpu":
+        return _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reasons)
+    if not gpu_memory_bytes or gpu_memory_bytes <= 0:
+        raise PlanInputError("the GPU memory size is unknown; give it (gpu_memory_gib)")
+    gpus = int(gpus or 1)
+    try:
+        quant = model.quantization_of(config, pins.get("quantization"))
+    except model.ModelConfigError as exc:
+        return _refused(config, pins, engine, ["quantization: %s." % exc])
+    dtype = model.model_dtype(config, pins.get("dtype", "auto"))
+    if dtype == "float32":  # vLLM's 'auto' runs float32 checkpoints in bfloat16 on GPUs
+        dtype = "bfloat16"
+    if quant["method"] in ("awq", "gptq") and dtype == "bfloat16" and not pins.get("dtype"):
+        dtype = "float16"
+    kv_dtype = pins.get("kv_cache_dtype", "auto")
+    block = BLOCK_SIZE[(engine, accelerator)]
+    limit = model_max_len(config, pins.get("rope_scaling"))
+    pinned_len = pins.get("max_model_len")
+    if pinned_len and pinned_len > limit:
+        errors.append(
+            "max_model_len=%d is above the model's limit of %d tokens (config.json max_position_embeddings); "
+            "lower it, or pin rope_scaling to extend the context." % (pinned_len, limit)
+        )
+    defaults = _vllm_defaults(gpu_memory_bytes, gpu_name)
+    if engine == "sglang":
+        row = next(r for r in SGLANG_BY_MEMORY if gpu_memory_bytes < r[0] * GIB)
+        tp_guess = int(pins.get("tensor_parallel_size") or gpus or 1)
+        # SGLang sizes its request pool from the KV tokens itself; max_num_seqs here is the
+        # largest CUDA-graph batch (cuda_graph_max_bs), what its activations and graphs cover.
+        defaults = {"max_num_batched_tokens": row[1], "max_num_seqs": row[2] if tp_guess < 4 else row[3]}
+    tokens = pins.get("max_num_batched_tokens", defaults["max_num_batched_tokens"])
+    seqs = pins.get("max_num_seqs", defaults["max_num_seqs"])
+    target = int(concurrency or pins.get("max_num_seqs") or DEFAULT_CONCURRENCY)
+
+    heads, _kv_heads, _ = model.attention_shape(config)
+    if pins.get("tensor_parallel_size"):
+        candidates = [int(pins["tensor_parallel_size"])]
+        errors.extend(model.parallel_errors(config, candidates[0], 1, where="tensor_parallel_size", engine=engine))
+        if candidates[0] > gpus:
+            errors.append(
+                "tensor_parallel_size=%d needs %d GPUs, but the instance has %d; give it more GPUs or lower TP."
+                % (candidates[0], candidates[0], gpus)
+            )
+    else:
+        candidates = [n for n in range(1, gpus + 1) if not model.parallel_errors(config, n, 1)]
+        if not candidates:
+            errors.append(
+                "no tensor_parallel_size from 1 to %d divides the model's %d attention heads." % (gpus, heads)
+            )
+    if errors:
+        return _refused(config, pins, engine, errors)
+
+    eager_options = [pins["enforce_eager"]] if "enforce_eager" in pins else [False, True]
+    tried = []
+    for tp in candidates:
+        for eager in eager_options:
+            tried.append(
+                _budget(
+                    config,
+                    engine,
+                    tp,
+                    eager,
+                    dtype,
+                    kv_dtype,
+                    quant,
+                    block,
+                    gpu_memory_bytes,
+                    tokens,
+                    seqs,
+                    limit,
+                    pinned_len,
+                    target,
+                    pins,
+                )
+            )
+    result, why = _choose(tried, pins, target)
+    reasons.extend(why)
+    _explain(result, engine, pins, limit, target, gpus, warnings)
+    errors.extend(result["errors"])
+    warnings.extend(result["warnings"])
+    result["reasons"] = reasons + result["reasons"]
+    result["errors"], result["warnings"] = errors, warnings
+    result["fits"] = not errors
+    result["gpus"] = gpus
+    result["gpu_memory_bytes"] = int(gpu_memory_bytes)
+    result["model"] = _model_summary(config, quant, dtype, limit)
+    result["options"] = _options(result, engine, pins)
+    return result
+
+
+def _budget(
+    config, engine, tp, eager, dtype, kv_dtype, quant, block, total, tokens, seqs, limit, pinned_len, target, pins
+):
+    dbytes = model.DTYPE_BYTES[dtype]
+    weights = model.weights_per_gpu(config, tp, dtype, quant)["total"]
+    acts = activation_peak(config, tp, tokens, seqs, dbytes)
+    graphs = 0 if eager else cudagraph_memory(config, tp, seqs, tokens, dbytes)
+    if engine == "sglang" and not eager:  # captures batch sizes up to cuda_graph_max_bs, one graph each
+        graphs = (
+            GRAPH_BASE
+            + activation_peak(config, tp, seqs, 0, dbytes)
+            + seqs // 8 * int(config.get("num_hidden_layers") or 0) * GRAPH_PER_LAYER_PER_GRAPH
+        )
+    outside = CUDA_CONTEXT + nccl_memory(tp)
+    bpt = model.kv_bytes_per_token(config, tp, kv_dtype, dtype)
+    errors, warnings, reasons = [], [], []
+    pinned_util = pins.get("gpu_memory_utilization")
+    if engine == "vllm":
+        # vLLM's budget: everything but the context and NCCL; graphs and activations inside.
+        room = (total - outside - MARGIN) / float(total)
+        util = pinned_util or min(MAX_UTILIZATION, _floor2(room))
+        inside = NON_TORCH_FORWARD + acts + graphs
+        kv = int(total * util) - weights - inside
+        if pinned_util and total * (1 - pinned_util) < outside:
+            errors.append(
+                "gpu_memory_utilization=%s leaves %s outside vLLM's budget, less than the CUDA context and NCCL "
+                "buffers need (%s): vLLM stops with 'Free memory on device ... is less than desired GPU memory "
+                "utilization'. Use at most %.2f."
+                % (
+                    pinned_util,
+                    _gib(total * (1 - pinned_util)),
+                    _gib(outside),
+                    _floor2((total - outside) / float(total)),
+                )
+            )
+    else:
+        # SGLang: the static part (weights + KV pool) is total x mem_fraction_static; the rest
+        # holds the context, activations of a chunked-prefill step and the CUDA graphs.
+        inside = 0
+        room = (total - outside - NON_TORCH_FORWARD - acts - graphs - MARGIN) / float(total)
+        util = pinned_util or min(MAX_UTILIZATION, _floor2(room))
+        kv = int(total * util) - weights
+        if pinned_util and pinned_util > _floor2(room) + 0.005:
+            warnings.append(
+                "mem_fraction_static=%s leaves %s for activations, CUDA graphs and the context, which need about "
+                "%s; SGLang may run out of memory under load. %.2f would leave room."
+                % (
+                    pinned_util,
+                    _gib(total * (1 - pinned_util)),
+                    _gib(outside + NON_TORCH_FORWARD + acts + graphs),
+                    _floor2(room),
+                )
+            )
+    kv = max(kv, 0)
+    kv_tokens = model.kv_cache_tokens(kv, bpt, block) if kv > 0 else 0
+    result = {
+        "engine": engine,
+        "tensor_parallel_size": tp,
+        "enforce_eager": eager,
+        "dtype": dtype,
+        "kv_cache_dtype": kv_dtype,
+        "quantization": quant["method"],
+        "block_size": block,
+        "gpu_memory_utilization": util,
+        "weights_bytes_per_gpu": int(weights),
+        "activation_bytes_per_gpu": int(acts),
+        "non_torch_bytes_per_gpu": int(NON_TORCH_FORWARD),
+        "cudagraph_bytes_per_gpu": int(graphs),
+        "outside_bytes_per_gpu": int(outside),
+        "kv_cache_bytes_per_gpu": int(kv),
+        "gpu_memory_bytes_total": int(total),
+        "kv_bytes_per_token_per_gpu": int(bpt),
+        "kv_cache_tokens": int(kv_tokens),
+        "max_num_batched_tokens": int(tokens),
+        "max_num_seqs": int(seqs),
+        "target_concurrency": target,
+        "errors": errors,
+        "warnings": warnings,
+        "reasons": reasons,
+    }
+    need = weights + inside
+    if kv <= 0 or kv_tokens < block:
+        result["max_model_len"] = pinned_len or min(limit, MIN_CONTEXT)
+        result["max_concurrency"] = 0.0
+        result["level"] = 0
+        shortfall = need + bpt * block - total * util
+        result["errors"].append(
+            "TP=%d: the weights (%s per GPU)%s leave no room for the KV cache in the %s budget (%s x %s); "
+            "short by %s. %s"
+            % (
+                tp,
+                _gib(weights),
+                " with activations and CUDA graphs (%s)" % _gib(inside) if inside else "",
+                engine,
+                _gib(total),
+                util,
+                _gib(max(shortfall, 0)),
+                _more_memory_hint(config, pins),
+            )
+        )
+        return result
+    floor = min(limit, MIN_CONTEXT)
+    if pinned_len:
+        mml = pinned_len
+    else:
+        # the largest context that keeps `target` full-length requests, not below the floor,
+        # not above the model's limit, and never longer than the whole cache
+        by_target = _round_down(kv_tokens // max(target, 1), block)
+        mml = min(limit, max(by_target, floor), kv_tokens)
+    blocks_per_request = -(-mml // block)
+    result["max_model_len"] = int(mml)
+    # vLLM's "Maximum concurrency for N tokens per request" (kv_cache_utils.py)
+    result["max_concurrency"] = round((kv_tokens // block) / float(blocks_per_request), 2)
+    if kv_tokens < blocks_per_request * block:
+        result["level"] = 1
+        result["errors"].append(
+            "TP=%d: one request at max_model_len=%d needs %s of KV cache per GPU, but only %s is left (%d tokens); "
+            "vLLM refuses to start. The longest that fits is %d tokens: lower max_model_len%s."
+            % (
+                tp,
+                mml,
+                _gib(blocks_per_request * block * bpt),
+                _gib(kv),
+                kv_tokens,
+                kv_tokens,
+                ", or give the instance more GPUs"
+                if not pins.get("tensor_parallel_size")
+                else ", or raise tensor_parallel_size",
+            )
+        )
+    elif mml < floor or result["max_concurrency"] < target:
+        result["level"] = 2
+    else:
+        result["level"] = 3
+    return result
+
+
+def _explain(r, engine, pins, limit, target, gpus, warnings):
+    """Reasons for the chosen values, and warnings for a plan that serves but falls short."""
+    reasons = r["reasons"]
+    tp = r["tensor_parallel_size"]
+    if "tensor_parallel_size" not in pins:
+        reasons.insert(
+            0,
+            "tensor_parallel_size=%d: %s."
+            % (
+                tp,
+                "the only choice on 1 GPU"
+                if gpus == 1
+                else "the smallest of %d GPUs that meets the target" % gpus
+                if r["level"] == 3
+                else "the size of %d GPUs with the most KV room" % gpus,
+            ),
+        )
+    util_key = "gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static"
+    if "gpu_memory_utilization" not in pins:
+        reasons.append(
+            "%s=%.2f: keeps %s per GPU outside the engine's budget for the CUDA context%s and a %s margin."
+            % (
+                util_key,
+                r["gpu_memory_utilization"],
+                _gib(r["gpu_memory_bytes_total"] * (1 - r["gpu_memory_utilization"])),
+                " and NCCL buffers" if tp > 1 else "",
+                _gib(MARGIN),
+            )
+        )
+    if "max_model_len" not in pins and r["level"] >= 2:
+        reasons.append(
+            "max_model_len=%d: %s"
+            % (
+                r["max_model_len"],
+                "the model's limit"
+                if r["max_model_len"] == limit
+                else "the largest that keeps %d requests at full length" % target
+                if r["max_model_len"] > MIN_CONTEXT
+                else "the %d-token floor the plan keeps (capped by the model)" % min(limit, MIN_CONTEXT),
+            )
+        )
+    if r["level"] == 2:
+        fixes = []
+        if r["kv_cache_dtype"] in ("auto", None) and r["dtype"] in ("bfloat16", "float16"):
+            fixes.append("kv_cache_dtype fp8 (twice the tokens)")
+        if r["max_model_len"] > 2048:
+            fixes.append("a shorter max_model_len")
+        fixes.append("more GPUs" if "tensor_parallel_size" not in pins else "a larger tensor_parallel_size")
+        warnings.append(
+            "%d requests at max_model_len=%d need %d KV tokens; the cache holds %d: %.2f at full length at once "
+            "(shorter requests share it; the rest wait in the queue). For more: %s."
+            % (
+                target,
+                r["max_model_len"],
+                target * r["max_model_len"],
+                r["kv_cache_tokens"],
+                r["max_concurrency"],
+                ", ".join(fixes),
+            )
+        )
+    if r["level"] >= 2 and r["kv_cache_bytes_per_gpu"] < 2 * GIB:
+        warnings.append(
+            "KV room is tiny: %s per GPU after %s of weights (%d tokens in all). It serves, but few requests at "
+            "once; long prompts queue."
+            % (_gib(r["kv_cache_bytes_per_gpu"]), _gib(r["weights_bytes_per_gpu"]), r["kv_cache_tokens"])
+        )
+
+
+def _more_memory_hint(config, pins):
+    hints = []
+    if not pins.get("tensor_parallel_size"):
+        hints.append("give the instance more GPUs")
+    else:
+        hints.append("raise tensor_parallel_size")
+    if not (config.get("quantization_config") or pins.get("quantization")):
+        hints.append("use a quantized checkpoint (AWQ/GPTQ 4-bit, FP8)")
+    return "Fix: %s." % " or ".join(hints)
+
+
+def _floor2(x):
+    return int(x * 100) / 100.0
+
+
+def _choose(tried, pins, target):
+    """The layout to run, and why.
+
+    At each TP, CUDA graphs unless they cost the plan a level that eager mode reaches
+    (levels: 0 no KV room, 1 not even one full-length request, 2 below the target
+    concurrency or the context floor, 3 the target met). Then the smallest TP that meets
+    the target; when none does, the one with the most room.
+    """
+    why = []
+    per_tp = {}
+    for r in tried:
+        per_tp.setdefault(r["tensor_parallel_size"], []).append(r)
+    picks = []
+    for tp in sorted(per_tp):
+        graphs = [r for r in per_tp[tp] if not r["enforce_eager"]]
+        eager = [r for r in per_tp[tp] if r["enforce_eager"]]
+        pick = graphs[0] if graphs else eager[0]
+        if graphs and eager and eager[0]["level"] > graphs[0]["level"]:
+            pick = eager[0]
+            pick["reasons"].append(
+                "enforce_eager: CUDA graphs would take %s per GPU from the KV cache, leaving room for %.2f requests "
+                "of %d tokens; without them %.2f fit. Eager decoding is slower at small batches, but it serves."
+                % (
+                    _gib(graphs[0]["cudagraph_bytes_per_gpu"]),
+                    graphs[0]["max_concurrency"],
+                    graphs[0]["max_model_len"],
+                    pick["max_concurrency"],
+                )
+            )
+        elif graphs and "enforce_eager" not in pins:
+            pick["reasons"].append(
+                "CUDA graphs on: they take %s per GPU and the plan still meets its target with them."
+                % _gib(pick["cudagraph_bytes_per_gpu"])
+                if pick["level"] == 3
+                else "CUDA graphs on: they take %s per GPU; eager mode would not lift the plan to its target."
+                % _gib(pick["cudagraph_bytes_per_gpu"])
+            )
+        picks.append(pick)
+    met = [r for r in picks if r["level"] == 3]
+    if met:
+        best = met[0]
+    else:
+        top = max(r["level"] for r in picks)
+        best = max(
+            (r for r in picks if r["level"] == top), key=lambda r: (r["max_concurrency"], -r["tensor_parallel_size"])
+        )
+    for r in picks:
+        if r["tensor_parallel_size"] < best["tensor_parallel_size"]:
+            why.append(
+                "tensor_parallel_size=%d is not enough: %s"
+                % (
+                    r["tensor_parallel_size"],
+                    r["errors"][0].split(": ", 1)[1]
+                    if r["errors"]
+                    else "room for %.2f requests of %d tokens, below the target of %d at %d+ tokens"
+                    % (r["max_concurrency"], r["max_model_len"], target, MIN_CONTEXT),
+                )
+            )
+    return best, why
+
+
+def _refused(config, pins, engine, errors):
+    return {
+        "engine": engine,
+        "fits": False,
+        "errors": errors,
+        "warnings": [],
+        "reasons": [],
+        "tensor_parallel_size": pins.get("tensor_parallel_size"),
+        "weights_bytes_per_gpu": None,
+        "kv_bytes_per_token_per_gpu": None,
+        "kv_cache_tokens": 0,
+        "max_model_len": pins.get("max_model_len"),
+        "max_concurrency": 0.0,
+        "options": {},
+    }
+
+
+def _model_summary(config, quant, dtype, limit):
+    config = model._text_config(config)
+    heads, kv_heads, layers = model.attention_shape(config)
+    return {
+        "architecture": (config.get("architectures") or ["?"])[0],
+        "parameters": model.parameter_count(config),
+        "layers": layers,
+        "attention_heads": heads,
+        "kv_heads": kv_heads,
+        "mla": bool(config.get("kv_lora_rank")),
+        "dtype": dtype,
+        "quantization": quant["method"],
+        "max_position_embeddings": limit,
+    }
+
+
+def _options(result, engine, pins):
+    """The engine options the plan sets (gpufleet_engines option names)."""
+    if not result.get("fits"):
+        return {}
+    opts = {"tensor_parallel_size": result["tensor_parallel_size"]}
+    if engine == "vllm":
+        opts.update(
+            max_model_len=result["max_model_len"],
+            max_num_seqs=result["max_num_seqs"],
+            max_num_batched_tokens=result["max_num_batched_tokens"],
+            gpu_memory_utilization=result["gpu_memory_utilization"],
+        )
+    else:
+        opts.update(
+            context_length=result["max_model_len"],
+            chunked_prefill_size=result["max_num_batched_tokens"],
+            mem_fraction_static=result["gpu_memory_utilization"],
+        )
+        if pins.get("max_num_seqs"):
+            opts["max_running_requests"] = pins["max_num_seqs"]
+    if result["enforce_eager"]:
+        opts["enforce_eager"] = True
+    for key in ("dtype", "quantization", "kv_cache_dtype"):
+        if pins.get(key) not in (None, "auto", "none"):
+            opts[key] = pins[key]
+    return opts
+
+
+def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reasons):
+    """vLLM's CPU backend: the KV cache is exactly VLLM_CPU_KVCACHE_SPACE, in 128-token
+    blocks; the weights live in host memory outside that space."""
+    if not kv_space_bytes:
+        raise PlanInputError("a CPU instance needs its KV cache space (kv_cache_space_gib)")
+    dtype = model.model_dtype(config, pins.get("dtype", "auto"))
+    kv_dtype = pins.get("kv_cache_dtype", "auto")
+    block = BLOCK_SIZE[("vllm", "cpu")]
+    bpt = model.kv_bytes_per_token(config, 1, kv_dtype, dtype)
+    tokens = model.kv_cache_tokens(kv_space_bytes, bpt, block)
+    limit = model_max_len(config, pins.get("rope_scaling"))
+    target = int(concurrency or pins.get("max_num_seqs") or DEFAULT_CONCURRENCY)
+    mml = pins.get("max_model_len")
+    if mml and mml > limit:
+        errors.append(
+            "max_model_len=%d is above the model's limit of %d tokens (max_position_embeddings)." % (mml, limit)
+        )
+    if not mml:
+        mml = min(limit, max(_round_down(tokens // max(target, 1), block), min(limit, block)))
+        reasons.append(
+            "max_model_len=%d: the largest that keeps %d requests at full length in %d KV tokens."
+            % (mml, target, tokens)
+        )
+    if tokens < mml:
+        errors.append(
+            "max_model_len=%d needs %s of KV cache, but kv_cache_space_gib gives %s (%d tokens); raise "
+            "kv_cache_space_gib or lower max_model_len to %d."
+            % (mml, _gib(mml * bpt), _gib(kv_space_bytes), tokens, _round_down(tokens, block))
+        )
+    elif tokens < mml * target:
+        warnings.append(
+            "%d requests at max_model_len=%d need %d KV tokens; the cache holds %d (%.2f at full length)."
+            % (target, mml, mml * target, tokens, tokens / float(mml))
+        )
+    result = {
+        "engine": "vllm",
+        "accelerator": "cpu",
+        "tensor_parallel_size": 1,
+        "dtype": dtype,
+        "kv_cache_dtype": kv_dtype,
+        "block_size": block,
+        "weights_bytes_per_gpu": None,
+        "kv_cache_bytes_per_gpu": int(kv_space_bytes),
+        "kv_bytes_per_token_per_gpu": int(bpt),
+        "kv_cache_tokens": int(tokens),
+        "max_model_len": int(mml),
+        "max_concurrency": round(model.logged_kv_tokens(tokens // block, block, mml) / float(mml), 2) if mml else 0.0,
+        "target_concurrency": target,
+        "errors": errors,
+        "warnings": warnings,
+        "reasons": reasons,
+        "fits": not errors,
+        "enforce_eager": pins.get("enforce_eager", False),
+    }
+    result["options"] = {"max_model_len": int(mml)} if not errors else {}
+    return result
+
+
+def engine_args(options, engine="vllm"):
+    """{flag: value} for the options a plan sets, with the engine's own flag names
+    (the same table the engine role renders its command line from)."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import OPTIONS
+
+    args = {}
+    for key, value in options.items():
+        _, _, vflag, sflag = OPTIONS[key]
+        flag = vflag if engine == "vllm" else sflag
+        if flag:
+            args[flag] = value
+    return args
+
+
+def usable_bytes(nvidia_smi_total_mib=None, gib=None):
+    """CUDA-visible memory from nvidia-smi's memory.total (MiB) or a size in GiB."""
+    total = nvidia_smi_total_mib * MIB if nvidia_smi_total_mib else int(float(gib) * GIB)
+    return total - DRIVER_RESERVED
