@@ -490,15 +490,7 @@ def _explain(r, engine, pins, limit, target, gpus, warnings):
         )
     if "max_model_len" not in pins and r["level"] >= 2:
         reasons.append(
-            "max_model_len=%d: %s"
-            % (
-                r["max_model_len"],
-                "the model's limit"
-                if r["max_model_len"] == limit
-                else "the largest that keeps %d requests at full length" % target
-                if r["max_model_len"] > MIN_CONTEXT
-                else "the %d-token floor the plan keeps (capped by the model)" % min(limit, MIN_CONTEXT),
-            )
+            "max_model_len=%d: %s." % (r["max_model_len"], _why_length(r, limit, target))
         )
     if r["level"] == 2:
         fixes = []
@@ -525,6 +517,17 @@ def _explain(r, engine, pins, limit, target, gpus, warnings):
             "once; long prompts queue."
             % (_gib(r["kv_cache_bytes_per_gpu"]), _gib(r["weights_bytes_per_gpu"]), r["kv_cache_tokens"])
         )
+
+
+def _why_length(r, limit, target):
+    mml = r["max_model_len"]
+    if mml == limit:
+        return "the model's limit"
+    if mml >= r["kv_cache_tokens"] - r["block_size"] and mml < min(limit, MIN_CONTEXT):
+        return "the whole KV cache; one request of this length fills it"
+    if mml > MIN_CONTEXT:
+        return "the largest that keeps %d requests at full length" % target
+    return "the %d-token floor the plan keeps, below the target concurrency" % min(limit, MIN_CONTEXT)
 
 
 def _more_memory_hint(config, pins):
