@@ -3,6 +3,7 @@
 #   make fast      the fast tier (unit + lint), a couple of minutes
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
 #   make bench-stream  the streaming benchmark (direct vs gpufleet proxy vs stock nginx)
+#   make bench-planner the memory planner vs vllm-wizard vs published figures
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -13,7 +14,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenarios to run (default: all under extensions/molecule/).
 SCENARIO ?=
 
-.PHONY: test fast setup unit lint labtests molecule bench-stream lab clean-lab constraints build-collection
+.PHONY: test fast setup unit lint labtests molecule bench-stream bench-planner lab clean-lab constraints build-collection
 
 test: setup lab
 	@$(MAKE) --no-print-directory unit lint labtests molecule
@@ -65,6 +66,13 @@ molecule: $(STAMP) lab
 # .cache/bench-stream.txt.
 bench-stream: $(STAMP) lab
 	$(BIN)/molecule test -s bench_stream
+
+# Memory planner vs vllm-wizard (PyPI) vs published figures, in one run; prints a table.
+WIZARD_VENV := .cache/bench/wizard-venv
+bench-planner: $(STAMP)
+	test -x $(WIZARD_VENV)/bin/python || python3 -m venv $(WIZARD_VENV)
+	$(WIZARD_VENV)/bin/pip install -q vllm-wizard==0.2.0
+	$(BIN)/python tests/bench/planner_compare.py $(WIZARD_VENV)/bin/python | tee .cache/bench-planner.txt
 
 build-collection: $(STAMP)
 	$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist

@@ -17,11 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import HARNESS
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._planner import (
-    kv_bytes_per_token,
-    kv_cache_tokens,
-    logged_kv_tokens,
-)
+from ansible_collections.gpufleet.serving.plugins.module_utils._memory_plan import plan_memory
+from ansible_collections.gpufleet.serving.plugins.module_utils._planner import logged_kv_tokens
 
 KV_SPACE = 2**30
 CPU_BLOCK = 128
@@ -56,10 +53,20 @@ def test_planner_kv_tokens_equal_the_engine(vllm_image, preset):
     model_dir = subprocess.run([HARNESS, "model", preset], check=True, capture_output=True, text=True).stdout.strip()
     config = json.loads((Path(model_dir) / "config.json").read_text())
     dtype = json.loads((Path(model_dir) / "gpufleet-tiny-model.json").read_text())["dtype"]
-    per_token = kv_bytes_per_token(config, 1, "auto", dtype)
-    planned = kv_cache_tokens(KV_SPACE, per_token, CPU_BLOCK)
+    # the same plan the engine role makes for a CPU instance (gpufleet plan --accelerator cpu)
+    plan = plan_memory(
+        config, accelerator="cpu", kv_space_bytes=KV_SPACE, pins={"dtype": dtype, "max_model_len": MAX_MODEL_LEN}
+    )
+    assert plan["fits"], plan["errors"]
+    per_token, planned = plan["kv_bytes_per_token_per_gpu"], plan["kv_cache_tokens"]
     blocks = planned // CPU_BLOCK
     assert logged_kv_tokens(blocks, CPU_BLOCK, MAX_MODEL_LEN) == planned
     logged = _engine_kv_tokens(vllm_image, model_dir, dtype)
-    print("%s: %d B/token, planner %d tokens, engine %d tokens" % (preset, per_token, planned, logged))
+    shape = "%s layers, %s heads, %s KV heads, %s" % (
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config.get("num_key_value_heads"),
+        dtype,
+    )
+    print("%s (%s): %d B/token, planner %d tokens, engine %d tokens" % (preset, shape, per_token, planned, logged))
     assert logged == planned
