@@ -240,7 +240,7 @@ def plan_memory(
     try:
         quant = model.quantization_of(config, pins.get("quantization"))
     except model.ModelConfigError as exc:
-        return _refused(config, pins, engine, ["quantization: %s." % exc])
+        return _refused(config, pins, engine, ["quantization: %s." % exc], gpus, gpu_memory_bytes)
     dtype = model.model_dtype(config, pins.get("dtype", "auto"))
     if dtype == "float32":  # vLLM's 'auto' runs float32 checkpoints in bfloat16 on GPUs
         dtype = "bfloat16"
@@ -282,7 +282,7 @@ def plan_memory(
                 "no tensor_parallel_size from 1 to %d divides the model's %d attention heads." % (gpus, heads)
             )
     if errors:
-        return _refused(config, pins, engine, errors)
+        return _refused(config, pins, engine, errors, gpus, gpu_memory_bytes)
 
     eager_options = [pins["enforce_eager"]] if "enforce_eager" in pins else [False, True]
     tried = []
@@ -489,9 +489,7 @@ def _explain(r, engine, pins, limit, target, gpus, warnings):
             )
         )
     if "max_model_len" not in pins and r["level"] >= 2:
-        reasons.append(
-            "max_model_len=%d: %s." % (r["max_model_len"], _why_length(r, limit, target))
-        )
+        reasons.append("max_model_len=%d: %s." % (r["max_model_len"], _why_length(r, limit, target)))
     if r["level"] == 2:
         fixes = []
         if r["kv_cache_dtype"] in ("auto", None) and r["dtype"] in ("bfloat16", "float16"):
@@ -606,9 +604,18 @@ def _choose(tried, pins, target):
     return best, why
 
 
-def _refused(config, pins, engine, errors):
+def _refused(config, pins, engine, errors, gpus, gpu_memory_bytes):
+    try:
+        summary = _model_summary(
+            config, model.quantization_of(config), model.model_dtype(config), model_max_len(config)
+        )
+    except (model.ModelConfigError, PlanInputError, KeyError, TypeError, ValueError):
+        summary = {}
     return {
         "engine": engine,
+        "gpus": gpus,
+        "gpu_memory_bytes": int(gpu_memory_bytes),
+        "model": summary,
         "fits": False,
         "errors": errors,
         "warnings": [],
@@ -722,6 +729,7 @@ def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reaso
         "enforce_eager": pins.get("enforce_eager", False),
     }
     result["options"] = {"max_model_len": int(mml)} if not errors else {}
+    result["model"] = _model_summary(config, {"method": None}, dtype, limit)
     return result
 
 

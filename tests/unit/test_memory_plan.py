@@ -334,3 +334,10 @@ def test_cli_unreadable_input_exits_1(capsys, tmp_path):
     assert rc == 1 and "not valid JSON" in err
     rc, _, err = _cli(capsys, "--model", str(CONFIGS / "llama-3.1-8b-instruct.json"))
     assert rc == 1 and "--gpu-memory-gib" in err
+
+
+def test_cli_refusal_prints_the_table_and_exits_2(capsys):
+    rc, out, _ = _cli(capsys, "--model", str(CONFIGS / "llama-3.1-8b-instruct.json"), "--gpu-memory-gib", "24",
+                      "--gpus", "4", "--tensor-parallel-size", "3")  # fmt: skip
+    assert rc == 2
+    assert "fits       NO" in out and "tensor_parallel_size=3 does not divide the model's 32 attention heads" in out
