@@ -121,6 +121,13 @@ ansible_facts:
           type: list
           elements: dict
           sample: [{"node": 0, "cpus": "0-15,32-47"}, {"node": 1, "cpus": "16-31,48-63"}]
+        pci_devices:
+          description: >-
+            NVIDIA display and 3D controllers on the PCI bus (sysfs), found with or without a
+            driver: the driver role reads the GPU generation from their device ids.
+          type: list
+          elements: dict
+          sample: [{"address": "0000:01:00.0", "device_id": "0x2684", "driver": "nvidia"}]
         problem:
           description: Why no GPU was found (no nvidia-smi, driver not loaded), or null.
           type: str
@@ -163,6 +170,28 @@ def _numa_nodes(sysfs_root):
     return sorted(nodes, key=lambda n: n["node"])
 
 
+def _pci_devices(sysfs_root):
+    """NVIDIA GPUs on the PCI bus: vendor 0x10de, class 0x0300 (VGA) or 0x0302 (3D)."""
+    base = os.path.join(sysfs_root, "bus", "pci", "devices")
+    found = []
+    if not os.path.isdir(base):
+        return found
+    for address in sorted(os.listdir(base)):
+        vendor = (_read(os.path.join(base, address, "vendor")) or "").strip()
+        klass = (_read(os.path.join(base, address, "class")) or "").strip()
+        if vendor.lower() != "0x10de" or not klass.lower().startswith(("0x0300", "0x0302")):
+            continue
+        driver = os.path.join(base, address, "driver")
+        found.append(
+            {
+                "address": address,
+                "device_id": (_read(os.path.join(base, address, "device")) or "").strip().lower() or None,
+                "driver": os.path.basename(os.path.realpath(driver)) if os.path.exists(driver) else None,
+            }
+        )
+    return found
+
+
 def _run(module, argv):
     rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
     if rc != 0:
@@ -189,6 +218,7 @@ def main():
         problem = "nvidia-smi not found (%s)" % (module.params["nvidia_smi_path"] or "not on PATH")
         facts = build_facts(rdma_devices=rdma, problem=problem)
         facts["numa_nodes"] = _numa_nodes(sysfs_root)
+        facts["pci_devices"] = _pci_devices(sysfs_root)
         module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts})
 
     query, query_err = _run(module, [smi, "--query-gpu=" + ",".join(QUERY_GPU_FIELDS), "--format=csv"])
@@ -216,6 +246,7 @@ def main():
         query_csv=query, summary=summary, topo=topo, p2p=p2p, sysfs=sysfs, rdma_devices=rdma, problem=problem
     )
     facts["numa_nodes"] = _numa_nodes(sysfs_root)
+    facts["pci_devices"] = _pci_devices(sysfs_root)
     module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts})
 
 
