@@ -58,6 +58,17 @@ def engine_image_cuda_errors(inspect_result, gpu):
     )
 
 
+def dpkg_installed(text):
+    """{package: version} of the installed packages from
+    `dpkg-query -W -f '${Package}\t${Version}\t${db:Status-Abbrev}\n'` (read-only, no python3-apt)."""
+    found = {}
+    for line in (text or "").splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 3 and parts[2].strip()[1:2] == "i":
+            found[parts[0].split(":", 1)[0]] = parts[1]
+    return found
+
+
 def apt_candidate(policy_text):
     """The Candidate: version from `apt-cache policy PACKAGE` output (None when none)."""
     for line in (policy_text or "").splitlines():
@@ -77,6 +88,7 @@ class FilterModule:
             "debian_source_blocks": debian_source_blocks,
             "cuda_toolkit_check": cuda_toolkit_check,
             "apt_candidate": apt_candidate,
+            "dpkg_installed": dpkg_installed,
             "engine_image_cuda_errors": engine_image_cuda_errors,
             "nvidia_upstream_version": stack.upstream,
         }

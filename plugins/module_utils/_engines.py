@@ -593,7 +593,7 @@ def memory_plans(instances, gpu=None, models=None):
     ({name: plan}, errors). A plan's options fill in what the instance does not pin."""
     gpu = gpu or {}
     devices = {d.get("index"): d for d in gpu.get("devices") or []}
-    plans, errors = {}, []
+    plans, errors, skipped = {}, [], {}
     for i, inst in enumerate(instances):
         where = _where(i, inst)
         info = (models or {}).get(inst.get("model")) or {}
@@ -612,7 +612,12 @@ def memory_plans(instances, gpu=None, models=None):
                 mine = [devices[g] for g in inst.get("gpus") or [] if g in devices]
                 sizes = [d.get("memory_total_mib") for d in mine if d.get("memory_total_mib")]
                 if not sizes or pp != 1:
-                    continue  # no memory facts (or pipeline parallel): nothing to plan from
+                    skipped[inst["name"]] = (
+                        "memory plan skipped: nvidia-smi gave no memory size for GPUs %s" % inst.get("gpus")
+                        if not sizes
+                        else "memory plan skipped: pipeline parallelism is not planned"
+                    )
+                    continue
                 pins.setdefault("tensor_parallel_size", len(inst["gpus"]))
                 plan_ = _memory_plan.plan_memory(
                     config,
@@ -628,15 +633,20 @@ def memory_plans(instances, gpu=None, models=None):
         for message in plan_["errors"]:
             errors.append("%s (memory plan): %s" % (where, message))
         plans[inst["name"]] = plan_
-    return plans, errors
+    return plans, errors, skipped
 
 
 def _with_plan(inst, plan_):
-    """The instance with the plan's values for every option it does not pin."""
-    if not plan_:
-        return inst
+    """The instance with the plan's values for every option it does not pin (and, without a
+    plan, tensor_parallel_size spread over the instance's GPUs)."""
     pinned = _options_of(inst)
     merged = dict(inst)
+    if not plan_:
+        if pinned.get("tensor_parallel_size") is None and inst.get("accelerator", "nvidia") != "cpu":
+            tp = _default_tp(inst, inst.get("gpus") or [], pinned.get("pipeline_parallel_size") or 1)
+            if tp > 1:
+                merged["tensor_parallel_size"] = tp
+        return merged
     for key, value in (plan_.get("options") or {}).items():
         if pinned.get(key) is None:
             merged[key] = value
@@ -682,12 +692,14 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None):
     errors = validate(instances, gpu=gpu, models=models, host=host)
     if errors:
         return {"errors": errors, "instances": []}
-    plans, errors = memory_plans(instances, gpu=gpu, models=models)
+    plans, errors, skipped = memory_plans(instances, gpu=gpu, models=models)
     if errors:
         return {"errors": errors, "instances": []}
     rendered = []
     for inst in instances:
         out = render(_with_plan(inst, plans.get(inst["name"])), gpu=gpu, host=host, defaults=defaults)
-        out["memory_plan"] = memory_summary(plans.get(inst["name"]))
+        out["memory_plan"] = memory_summary(plans.get(inst["name"])) or (
+            [skipped[inst["name"]]] if inst["name"] in skipped else []
+        )
         rendered.append(out)
     return {"errors": [], "instances": rendered}

@@ -543,6 +543,15 @@ def _floor2(x):
     return int(x * 100) / 100.0
 
 
+def _eager_pays(graphs, eager, target):
+    """Eager mode only when CUDA graphs cost more than they give: without them a full-length
+    request fits and with them none does, or they cut the room below 3/4 of the target that
+    eager mode meets. A few percent of KV is not worth slower decoding."""
+    if graphs["level"] <= 1 < eager["level"]:
+        return True
+    return graphs["level"] == 2 and eager["level"] == 3 and graphs["max_concurrency"] < 0.75 * target
+
+
 def _choose(tried, pins, target):
     """The layout to run, and why.
 
@@ -560,7 +569,7 @@ def _choose(tried, pins, target):
         graphs = [r for r in per_tp[tp] if not r["enforce_eager"]]
         eager = [r for r in per_tp[tp] if r["enforce_eager"]]
         pick = graphs[0] if graphs else eager[0]
-        if graphs and eager and eager[0]["level"] > graphs[0]["level"]:
+        if graphs and eager and _eager_pays(graphs[0], eager[0], target):
             pick = eager[0]
             pick["reasons"].append(
                 "enforce_eager: CUDA graphs would take %s per GPU from the KV cache, leaving room for %.2f requests "

@@ -228,9 +228,15 @@ def driver_packages(source, distribution, branch, flavour, version=None, local_p
         names = ["nvidia-headless-%s%s" % (branch, suffix), "nvidia-utils-%s-server" % branch]
         return [n + pin for n in names], names
     if source == "cuda_repo":
-        # NVIDIA's CUDA repository: cuda-drivers-<branch> (proprietary) or nvidia-open-<branch>
-        # (open kernel modules), both metapackages of the whole compute driver.
-        names = ["nvidia-open-%s" % branch] if flavour == "open" else ["cuda-drivers-%s" % branch]
+        # NVIDIA's CUDA repository: nvidia-open (open kernel modules) or cuda-drivers
+        # (proprietary), the whole compute driver. From R580 NVIDIA ships branch pinning
+        # packages, installed first (driver installation guide, "Version locking");
+        # before that the branch is in the metapackage's name (cuda-drivers-570).
+        meta = "nvidia-open" if flavour == "open" else "cuda-drivers"
+        if int(branch) >= 580:
+            names = ["nvidia-driver-pinning-%s" % branch, meta]
+            return [names[0], meta + pin], [meta, names[0]]
+        names = ["%s-%s" % (meta, branch)]
         return [n + pin for n in names], names
     raise ValueError("no package set for source %s on %s" % (source, distribution))
 

@@ -153,7 +153,7 @@ def test_driver_plan_debian_compute_set_without_xorg():
         ({"source": "local"}, {}, "needs nvidia_driver_local_packages"),
         ({"source": "cuda_repo", "branch": "580", "version": "580.95.05-1"}, {}, "is below 580.178.04"),
         ({"source": "cuda_repo", "branch": "580", "version": "580.178.04-1"},
-         {"installed": {"nvidia-open-580": [{"version": "580.159.03-1"}]}}, "set nvidia_driver_upgrade=true"),
+         {"installed": {"nvidia-open": "580.159.03-1"}}, "set nvidia_driver_upgrade=true"),
         ({"gpu_generations": ["fermi"]}, {}, "nvidia_driver_gpu_generations"),
         ({}, {"distribution": "Fedora"}, "supports Debian and Ubuntu"),
     ],
@@ -170,8 +170,18 @@ def test_secure_boot_with_a_mok_key_and_in_containers():
     assert container["errors"] == [] and any("container" in n for n in container["notes"])
 
 
+def test_dpkg_installed_reads_dpkg_query():
+    from ansible_collections.gpufleet.serving.plugins.filter.nvidia_stack import dpkg_installed
+
+    text = "libcuda1\t535.309.01-0+deb12u1\thi \nnvidia-smi\t535.309.01-0+deb12u1\tii \nold\t1.0\trc \n"
+    assert dpkg_installed(text) == {"libcuda1": "535.309.01-0+deb12u1", "nvidia-smi": "535.309.01-0+deb12u1"}
+
+
 def test_package_sets_per_source():
-    assert stack.driver_packages("cuda_repo", "ubuntu", "580", "open")[0] == ["nvidia-open-580"]
+    assert stack.driver_packages("cuda_repo", "ubuntu", "580", "open") == (
+        ["nvidia-driver-pinning-580", "nvidia-open"],
+        ["nvidia-open", "nvidia-driver-pinning-580"],
+    )
     assert stack.driver_packages("cuda_repo", "debian", "570", "proprietary", "570.195.03-1")[0] == [
         "cuda-drivers-570=570.195.03-1"
     ]
