@@ -94,10 +94,11 @@ def test_a_typo_in_the_inventory_is_named():
     assert any("unknown key 'max_model_length'" in e and "did you mean max_model_len" in e for e in errors), errors
 
 
-def test_site_yml_parses_against_the_inventory():
+@pytest.mark.parametrize("playbook", ["site.yml", "playbooks/rollout.yml"])
+def test_playbooks_parse_against_the_inventory(playbook):
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "--syntax-check", "-i", str(INVENTORY),
-         str(ROOT / "site.yml")],
+         str(ROOT / playbook)],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
