@@ -4,7 +4,8 @@
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
 #   make bench-stream  the streaming benchmark (direct vs gpufleet proxy vs stock nginx)
 #   make bench-planner the memory planner vs vllm-wizard vs published figures
-#   make fleet-lab     the fleet lab: site.yml, rollouts under load (not yet in make test)
+#   make fleet-lab     the fleet lab alone: site.yml, rollouts under load (also in make molecule)
+#   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -15,7 +16,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenarios to run (default: all under extensions/molecule/).
 SCENARIO ?=
 
-.PHONY: test fast setup unit lint labtests molecule bench-stream bench-planner fleet-lab lab clean-lab constraints build-collection
+.PHONY: test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet fleet-lab lab clean-lab constraints build-collection
 
 test: setup lab
 	@$(MAKE) --no-print-directory unit lint labtests molecule
@@ -59,7 +60,7 @@ molecule: $(STAMP) lab
 	@if [ -n "$(SCENARIO)" ]; then \
 	  $(BIN)/molecule test -s $(SCENARIO); \
 	else \
-	  $(BIN)/molecule test --all --exclude bench_stream --exclude fleet; \
+	  $(BIN)/molecule test --all --exclude bench_stream; \
 	fi
 
 # Streaming benchmark (figures, not assertions): direct vs gpufleet proxy vs stock nginx at
@@ -68,10 +69,14 @@ molecule: $(STAMP) lab
 bench-stream: $(STAMP) lab
 	$(BIN)/molecule test -s bench_stream
 
-# The fleet lab (three lab hosts, two real engines, a rollout under load and a failed one);
-# not yet part of `make test`.
+# The fleet lab (three lab hosts, two real engines, a rollout under load and a failed one).
 fleet-lab: $(STAMP) lab
 	$(BIN)/molecule test -s fleet
+
+# site.yml's controller cost on 1, 4 and 8 light lab hosts over SSH (and mitogen, opt-in);
+# prints a table, also in .cache/bench-fleet.txt.
+bench-fleet: $(STAMP) lab
+	$(BIN)/python tests/bench/fleet_bench.py
 
 # Memory planner vs vllm-wizard (PyPI) vs published figures, in one run; prints a table.
 WIZARD_VENV := .cache/bench/wizard-venv

@@ -282,7 +282,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     plan.set_defaults(func=cmd_plan)
+
+    lab = sub.add_parser("lab", help="rehearse an inventory on lab hosts (containers), without GPUs")
+    lab_sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+    test = lab_sub.add_parser(
+        "test",
+        help="preflight every gpu host on its captured nvidia-smi output; with --converge, run site.yml on CPU",
+        description="Give each host of INVENTORY a lab host whose nvidia-smi stand-in replays the host's capture "
+        "(gpufleet_lab_gpu_fixture) and whose model folders hold their config.json (gpufleet_lab_model_configs), "
+        "then run site.yml's preflight in check mode. Exit 0 when it passes; otherwise the run's own exit status.",
+    )
+    test.add_argument("-i", "--inventory", required=True, help="the inventory (file or folder) to rehearse")
+    test.add_argument(
+        "--converge",
+        action="store_true",
+        help="also converge site.yml (engines on vLLM's CPU build) and check idempotence",
+    )
+    test.add_argument("--keep", action="store_true", help="leave the lab hosts running afterwards")
+    test.set_defaults(func=cmd_lab_test)
     return parser
+
+
+def cmd_lab_test(args: argparse.Namespace) -> int:
+    from gpufleet.lab import LabError, lab_test
+
+    try:
+        return lab_test(Path(args.inventory), converge=args.converge, keep=args.keep)
+    except LabError as exc:
+        print("gpufleet lab: %s" % exc, file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
