@@ -1,0 +1,68 @@
+"""gpufleet lab test: reading a user's inventory into lab hosts (the parts that need no Docker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gpufleet import lab
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_inventory_names_its_hardware_and_models():
+    hostvars, groups = lab.load_inventory(ROOT / "inventories" / "lab")
+    inputs, errors = lab.hardware_inputs(ROOT / "inventories" / "lab", hostvars, groups["gpu_hosts"])
+    assert errors == []
+    assert inputs["ws-4090-r1-70b"]["capture"] == ROOT / "tests/fixtures/nvidia_smi/2x_rtx4090_threadripper_pro_wrx80"
+    assert inputs["ws-4090-r1-70b"]["configs"] == {
+        "/srv/models/DeepSeek-R1-Distill-Llama-70B-AWQ": ROOT
+        / "tests/fixtures/model_configs/deepseek-r1-distill-llama-70b-awq.json"
+    }
+    assert (inputs["h100-node-01"]["capture"] / "nvidia-smi.txt").is_file()
+
+
+def test_a_users_own_capture_folder_and_config_are_found_next_to_the_inventory(tmp_path):
+    (tmp_path / "captures" / "gpu-01").mkdir(parents=True)
+    (tmp_path / "captures" / "gpu-01" / "nvidia-smi.txt").write_text("captured\n")
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").write_text("{}")
+    hv = {"gpufleet_lab_gpu_fixture": "captures/gpu-01", "gpufleet_lab_model_configs": {"/srv/m": "models/m"}}
+    inputs, errors = lab.hardware_inputs(tmp_path / "hosts.yml", {"gpu-01": hv}, ["gpu-01"])
+    assert errors == []
+    assert inputs["gpu-01"] == {
+        "capture": tmp_path / "captures" / "gpu-01",
+        "configs": {"/srv/m": tmp_path / "models" / "m" / "config.json"},
+    }
+
+
+def test_missing_captures_are_named_with_host_variable_and_fix(tmp_path):
+    hostvars = {
+        "gpu-01": {},
+        "gpu-02": {"gpufleet_lab_gpu_fixture": "captures/nope", "gpufleet_lab_model_configs": {"/srv/m": "no.json"}},
+    }
+    _, errors = lab.hardware_inputs(tmp_path, hostvars, ["gpu-01", "gpu-02"])
+    assert len(errors) == 3
+    assert errors[0].startswith("gpu-01: gpufleet_lab_gpu_fixture is not set")
+    assert "gpufleet gpu capture FOLDER" in errors[0]
+    assert errors[1].startswith("gpu-02: gpufleet_lab_gpu_fixture=captures/nope is not a folder")
+    assert errors[2].startswith("gpu-02: gpufleet_lab_model_configs[/srv/m]=no.json is not a config.json")
+
+
+def test_lab_engines_keep_names_ports_and_served_names_and_run_the_tiny_model_on_cpu():
+    hv = yaml.safe_load((ROOT / "inventories/lab/host_vars/ws-4090-sglang.yml").read_text())
+    engines = lab.lab_engines(hv["gpufleet_engines"], "gpufleet-lab/vllm-cpu:abc", "/srv/gpufleet-lab/models/tiny")
+    assert engines == [
+        {
+            "name": "r1-14b-sglang",
+            "port": 30000,
+            "served_model_name": "deepseek-r1-14b",
+            "engine": "vllm",
+            "accelerator": "cpu",
+            "image": "gpufleet-lab/vllm-cpu:abc",
+            "model": "/srv/gpufleet-lab/models/tiny",
+            **lab.LAB_ENGINE,
+        }
+    ]
+    assert lab.lab_engines([{"name": "x", "model": "m"}], "i", "t")[0]["served_model_name"] == "x"
