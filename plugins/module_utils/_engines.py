@@ -378,11 +378,15 @@ def _similar(a, b):
         return False
     if a.replace("-", "_") == b or a in b or (b in a and len(b) > 3):
         return True
-    # one edit apart
-    if abs(len(a) - len(b)) > 1:
+    if abs(len(a) - len(b)) > 2:
         return False
-    diffs = sum(1 for x, y in zip(a, b) if x != y) + abs(len(a) - len(b))
-    return diffs <= 2
+    # at most two edits apart (Levenshtein: a letter left out, added or changed)
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1] <= 2
 
 
 def _bytes(size):

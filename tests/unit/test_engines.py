@@ -66,6 +66,8 @@ def test_valid_instance_has_no_errors():
         ([chat(gpus=[1, 2])], ["GPU 2 does not exist on this host", "2 GPUs: 0-1"]),
         ([chat(model="/srv/models/missing")], ["model=/srv/models/missing does not exist on this host"]),
         ([chat(max_num_seq=8)], ["unknown key 'max_num_seq'", "did you mean", "max_num_seqs"]),
+        # a letter left out in the middle (found by `gpufleet lab test`; the old check compared position by position)
+        ([chat(contxt_length=8192)], ["unknown key 'contxt_length'", "did you mean context_length?"]),
         ([chat(options={"gpu_memory_utilisation": 0.9})], ["unknown engine option 'gpu_memory_utilisation'"]),
         ([chat(engine="sglang", accelerator="cpu", gpus=[])], ["sglang with accelerator cpu is not supported"]),
         ([chat(max_model_len="8k")], ["max_model_len='8k' must be an integer"]),
