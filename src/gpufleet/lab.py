@@ -37,6 +37,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from gpufleet._collection import collection_root
@@ -155,7 +156,12 @@ def start_hosts(names: dict[str, str], image: str, scenario: str, nested_docker:
             argv += ["-v", container + "-docker:/var/lib/docker"]
         _run([*argv, image, "/lib/systemd/systemd"])
     for container in names:
-        state = _run(["docker", "exec", container, "systemctl", "is-system-running", "--wait"], check=False)
+        # right after `docker run`, systemd may not have its bus up yet: ask again for up to a minute
+        for _ in range(60):
+            state = _run(["docker", "exec", container, "systemctl", "is-system-running", "--wait"], check=False)
+            if state.stdout.strip() in ("running", "degraded") or "connect to bus" not in state.stderr:
+                break
+            time.sleep(1)
         if state.stdout.strip() not in ("running", "degraded"):
             raise LabError("lab host %s did not boot: %s" % (container, state.stdout.strip() or state.stderr.strip()))
 
