@@ -6,9 +6,10 @@ Run with `make bench-fleet`. It prints figures and asserts nothing about speed.
   /var/lib/docker volume. They are reached over SSH with a key made for the run and a
   known_hosts file filled by ssh-keyscan; nothing is accepted blindly.
 - **What they run.** Light means no engine: eight vLLM engines do not fit two cores. Each
-  host takes every other layer of site.yml: preflight, container runtime (Debian's
-  docker.io), NCCL and the proxy. The GPU-stack roles are skipped because the hosts have no
-  GPU.
+  host takes the layers site.yml gives a GPU host that serves nothing yet: preflight,
+  container runtime (Debian's docker.io), NCCL and the (empty) engines layer. The proxy
+  layer runs only on hosts with engines, and the GPU-stack roles are skipped because the
+  hosts have no GPU.
 - **Sequence.** All eight hosts are converged once. Then site.yml runs again, unchanged, with
   --limit to 1, 4 and 8 hosts: once per connection setup (SSH with pipelining and
   ControlPersist, as ansible.cfg sets it, and mitogen 0.3.54's strategy when it loads).
@@ -113,7 +114,6 @@ def write_inventory(addresses: dict[str, str], key: Path, kh: Path) -> Path:
                         "ansible_ssh_common_args": f"-o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes",
                         "gpufleet_manage_driver": False,
                         "gpufleet_engines": [],
-                        "proxy_api_keys": [{"name": "bench", "key": "bench-fleet-key-0123456789abcdef0123"}],
                     },
                 }
             }
