@@ -18,7 +18,9 @@ The test runs in stages; a failing stage ends the run.
    here on the same inputs: variable validation, memory plans on the captured GPUs, ports,
    the proxy and the driver settings against the GPUs. A plan that does not fit, a bad
    variable or a port clash fails here, as it would on the fleet. Nothing is changed.
-2. **Converge** (`--converge`). site.yml runs for real, then again to check that it is
+2. **Check** (`--converge`). site.yml runs with `--check --diff` on the fresh lab hosts: the
+   readable plan of changes a user reviews before a first run.
+3. **Converge** (`--converge`). site.yml runs for real, then again to check that it is
    idempotent (changed=0). The edge hosts get lab hosts too. Only what a host without a GPU
    cannot do is overridden:
    - the GPU stack is skipped;
@@ -260,11 +262,16 @@ def lab_test(inventory: Path, converge: bool = False, keep: bool = False) -> int
                 "gpufleet_engines": "{{ gpufleet_lab_engines[inventory_hostname] | default([]) }}",
             }
             extra.write_text(json.dumps(overrides))
-            _say("stage 2: converge (engines on vLLM's CPU build with the tiny model)")
+            _say("stage 2: what site.yml would change on the fresh lab hosts (--check --diff)")
+            rc, _ = _playbook(inventory, extra, "--check", "--diff")
+            if rc != 0:
+                _say("the check-mode run failed (exit %d)" % rc)
+                return rc
+            _say("stage 3: converge (engines on vLLM's CPU build with the tiny model)")
             rc, _ = _playbook(inventory, extra)
             if rc != 0:
                 return rc
-            _say("stage 2: the second run must change nothing")
+            _say("stage 3: the second run must change nothing")
             rc, out = _playbook(inventory, extra)
             changed = {host: int(n) for host, _, n, _, _ in RECAP.findall(out) if int(n)}
             if rc != 0 or changed:
