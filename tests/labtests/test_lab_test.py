@@ -143,6 +143,11 @@ def test_a_small_inventory_converges_on_cpu_and_streams(tmp_path):
     proc = lab_test(inventory, "--converge")
     assert proc.returncode == 0
     assert "converged, idempotent and streaming on 1 hosts" in proc.stderr
+    # four runs: preflight (check mode), the full site.yml in check mode on the fresh host
+    # (a readable plan of changes), the converge, and the idempotent re-run
+    recaps = re.findall(r"^gpu-01\s+: ok=\d+\s+changed=(\d+)\s+unreachable=0\s+failed=0", proc.stdout, re.M)
+    assert len(recaps) == 4 and recaps[0] == "0" and int(recaps[1]) > 10 and int(recaps[2]) > 10 and recaps[3] == "0"
+    assert "TASK [gpufleet.serving.container_runtime : Install Docker Engine]" in proc.stdout
     # site.yml's last gpu-host play streamed through the proxy (ok, not skipped), in both runs
     stream = r"TASK \[Stream one short completion through the host's proxy\] \**\nok: \[gpu-01\]"
     streamed = re.findall(stream, proc.stdout)
