@@ -22,19 +22,9 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def _hostvars():
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-    from ansible.vars.manager import VariableManager
+    from gpufleet.lab import load_inventory
 
-    loader = DataLoader()
-    inventory = InventoryManager(loader=loader, sources=[str(INVENTORY)])
-    manager = VariableManager(loader=loader, inventory=inventory)
-    hosts = {}
-    for host in inventory.get_hosts():
-        variables = manager.get_vars(host=host)
-        hosts[host.name] = Templar(loader=loader, variables=variables).template(variables)
-    return hosts
+    return load_inventory(INVENTORY)[0]
 
 
 HOSTVARS = _hostvars()
