@@ -46,7 +46,12 @@ from gpufleet._collection import collection_root
 
 PREFIX = "gpufleet-labtest-"
 LABEL = "io.gpufleet.lab"
-RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+# A PLAY RECAP line: host, ok, changed, unreachable, failed, skipped, rescued, ignored.
+RECAP = re.compile(
+    r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+"
+    r"skipped=(\d+)\s+rescued=(\d+)\s+ignored=(\d+)",
+    re.M,
+)
 # Lab settings of the converge stage (the fleet lab's; shared/ENVIRONMENT.md explains the ulimits).
 LAB_ENGINE = {"enforce_eager": True, "max_model_len": 2048, "kv_cache_space_gib": 1, "readiness_timeout": 600}
 LAB_ULIMITS = {"memlock": "8388608", "stack": "67108864", "nofile": "20000:20000"}
@@ -273,7 +278,7 @@ def lab_test(inventory: Path, converge: bool = False, keep: bool = False) -> int
                 return rc
             _say("stage 3: the second run must change nothing")
             rc, out = _playbook(inventory, extra)
-            changed = {host: int(n) for host, _, n, _, _ in RECAP.findall(out) if int(n)}
+            changed = {row[0]: int(row[2]) for row in RECAP.findall(out) if int(row[2])}
             if rc != 0 or changed:
                 _say("not idempotent: changed on %s" % changed if changed else "second run failed (exit %d)" % rc)
                 return rc or 1

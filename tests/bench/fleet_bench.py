@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -49,12 +48,6 @@ from gpufleet import lab  # noqa: E402
 WORK = ROOT / ".cache" / "bench" / "fleet"
 MITOGEN = ROOT / ".cache" / "bench" / "mitogen-0.3.54"
 PREFIX = "gpufleet-bench-fleet-"
-LABEL = "io.gpufleet.lab"
-RECAP = re.compile(
-    r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+"
-    r"skipped=(\d+)\s+rescued=(\d+)\s+ignored=(\d+)",
-    re.M,
-)
 FLOOR = "20 x stat (floor)"
 FLOOR_PLAYBOOK = """\
 - name: Controller floor (20 stat tasks, no facts)
@@ -147,7 +140,7 @@ def run(playbook: Path, inventory: Path, limit: str, env: dict[str, str]) -> dic
         check=False,
     )
     wall = time.monotonic() - start
-    recap = RECAP.findall(proc.stdout)
+    recap = lab.RECAP.findall(proc.stdout)
     tasks = sum(int(r[1]) + int(r[4]) + int(r[5]) + int(r[7]) for r in recap)  # ok, failed, skipped, ignored
     changed = sum(int(r[2]) for r in recap)
     return {
