@@ -54,6 +54,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tests/lint/check_argument_specs.py
+	$(BIN)/python -m gpufleet.roledocs --check
 	$(BIN)/ansible-lint --profile production
 
 molecule: $(STAMP) lab
