@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -283,6 +284,41 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     plan.set_defaults(func=cmd_plan)
 
+    deploy = sub.add_parser(
+        "deploy",
+        help="run site.yml on an inventory (preflight everywhere first, then every layer)",
+        description="Run playbooks/site.yml through ansible-runner with a live per-host view. The exit status is "
+        "the run's; a failed run ends with one sentence per failed host and the path of the full log.",
+    )
+    _playbook_args(deploy)
+    deploy.add_argument("--tags", help="only these layers (e.g. preflight,engine)")
+    deploy.add_argument("--skip-tags", help="skip these layers")
+    deploy.add_argument("-C", "--check", action="store_true", help="change nothing; report what would change")
+    deploy.add_argument("-D", "--diff", action="store_true", help="show the changes to files")
+    deploy.set_defaults(func=cmd_deploy)
+
+    rollout = sub.add_parser(
+        "rollout",
+        help="roll a change across the gpu hosts, batch by batch, without dropping requests",
+        description="Run playbooks/rollout.yml: per batch, drain from the edge, wait for requests to finish, apply "
+        "(start-before-stop where a copy fits), readiness and smoke test, put back. The first failed host stops it.",
+    )
+    _playbook_args(rollout)
+    rollout.add_argument("--batch", help="hosts per batch: a number or a percentage like 25%% (default 1)")
+    rollout.add_argument(
+        "--driver", action="store_true", help="also upgrade the NVIDIA driver on each drained host (hold kept)"
+    )
+    rollout.set_defaults(func=cmd_rollout)
+
+    bench = sub.add_parser(
+        "bench",
+        help="streaming load against an OpenAI-compatible endpoint: TTFT, TPOT, ITL percentiles, throughput",
+    )
+    from gpufleet import bench as _bench
+
+    _bench.add_arguments(bench)
+    bench.set_defaults(func=_bench.run)
+
     lab = sub.add_parser("lab", help="rehearse an inventory on lab hosts (containers), without GPUs")
     lab_sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
     test = lab_sub.add_parser(
@@ -301,6 +337,71 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--keep", action="store_true", help="leave the lab hosts running afterwards")
     test.set_defaults(func=cmd_lab_test)
     return parser
+
+
+def _playbook_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-i", "--inventory", required=True, help="inventory file or folder")
+    p.add_argument("-l", "--limit", help="only these hosts or groups (Ansible's --limit pattern)")
+    p.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        default=[],
+        metavar="VARS",
+        help="KEY=VALUE, @FILE (YAML/JSON) or a JSON mapping; may be repeated",
+    )
+    p.add_argument("--vault-password-file", action="append", default=[], metavar="FILE")
+    p.add_argument("-J", "--ask-vault-pass", action="store_true", help="ask for the vault password")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="raw Ansible output (-vv and more: verbose)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: per-host counts, failures, rc, log")
+
+
+def _request(args: argparse.Namespace, playbook: str):
+    from gpufleet.runner import RunRequest, parse_extravars
+
+    return RunRequest(
+        playbook=playbook,
+        inventory=args.inventory,
+        limit=args.limit,
+        tags=getattr(args, "tags", None),
+        skip_tags=getattr(args, "skip_tags", None),
+        check=getattr(args, "check", False),
+        diff=getattr(args, "diff", False),
+        extravars=parse_extravars(args.extra_vars),
+        vault_password_files=args.vault_password_file,
+        ask_vault_pass=args.ask_vault_pass,
+        verbose=args.verbose,
+        json=args.json,
+    )
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from gpufleet.runner import UsageError, run_playbook
+
+    try:
+        return run_playbook(_request(args, "site"))
+    except UsageError as exc:
+        print("gpufleet: %s" % exc, file=sys.stderr)
+        return 2
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from gpufleet.runner import UsageError, run_playbook
+
+    try:
+        req = _request(args, "rollout")
+        if args.batch is not None:
+            if not re.fullmatch(r"[1-9][0-9]*%?", args.batch) or (
+                args.batch.endswith("%") and int(args.batch[:-1]) > 100
+            ):
+                raise UsageError("--batch %s: give a host count like 2 or a percentage like 25%%" % args.batch)
+            req.extravars["gpufleet_rollout_batch"] = args.batch if args.batch.endswith("%") else int(args.batch)
+        if args.driver:
+            req.extravars["gpufleet_rollout_driver"] = True
+        return run_playbook(req)
+    except UsageError as exc:
+        print("gpufleet: %s" % exc, file=sys.stderr)
+        return 2
 
 
 def cmd_lab_test(args: argparse.Namespace) -> int:

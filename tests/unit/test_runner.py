@@ -1,0 +1,190 @@
+"""gpufleet deploy / rollout: the ansible-runner call a command makes, the live view built from
+runner events, and the sentences a failed run ends with. ansible_runner.run is replaced by a
+fake that replays event sequences shaped like ansible-runner 2.4's (the real run is covered
+by the lab test in tests/labtests/test_cli_deploy.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import types
+
+import pytest
+
+from gpufleet import cli, runner
+from gpufleet._collection import locate_collection
+
+
+def _task(name, path="/x/roles/engine/tasks/main.yml:1"):
+    return {"event": "playbook_on_task_start", "event_data": {"task": name, "task_path": path}}
+
+
+def _play(name):
+    return {"event": "playbook_on_play_start", "event_data": {"play": name}}
+
+
+def _ok(host, changed=False):
+    return {"event": "runner_on_ok", "event_data": {"host": host, "res": {"changed": changed}}}
+
+
+def _failed(host, task, msg, path="/x/roles/engine/tasks/main.yml:1"):
+    return {
+        "event": "runner_on_failed",
+        "event_data": {"host": host, "task": task, "task_path": path, "res": {"failed": True, "msg": msg}},
+    }
+
+
+def _stats(**per_host):
+    data = {"ok": {}, "changed": {}, "failures": {}, "dark": {}, "skipped": {}}
+    for host, (ok, changed, failed) in per_host.items():
+        data["ok"][host], data["changed"][host], data["failures"][host] = ok, changed, failed
+    return {"event": "playbook_on_stats", "event_data": data}
+
+
+class FakeRunner:
+    """Stands in for ansible_runner.run: records its arguments, replays events, returns rc."""
+
+    def __init__(self, events, rc=0, status="successful"):
+        self.events, self.rc, self.status, self.kwargs = events, rc, status, None
+
+    def __call__(self, event_handler=None, **kwargs):
+        self.kwargs = kwargs
+        for event in self.events:
+            event_handler(event)
+        return types.SimpleNamespace(rc=self.rc, status=self.status, config=types.SimpleNamespace(ident="run-1"))
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    import ansible_runner
+
+    def install(events, rc=0, status="successful"):
+        f = FakeRunner(events, rc, status)
+        monkeypatch.setattr(ansible_runner, "run", f)
+        return f
+
+    return install
+
+
+def test_extravars_pairs_files_and_json(tmp_path):
+    f = tmp_path / "vars.yml"
+    f.write_text("engine_surge: never\nports: [1, 2]\n")
+    got = runner.parse_extravars(["a=1 b=two", "@%s" % f, '{"c": {"d": true}}'])
+    assert got == {"a": "1", "b": "two", "engine_surge": "never", "ports": [1, 2], "c": {"d": True}}
+    with pytest.raises(runner.UsageError, match="KEY=VALUE"):
+        runner.parse_extravars(["novalue"])
+    with pytest.raises(runner.UsageError, match="cannot read"):
+        runner.parse_extravars(["@%s" % (tmp_path / "missing.yml")])
+
+
+def test_runner_call_for_deploy_check_diff_and_vault(tmp_path):
+    coll = locate_collection()
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+    vault = tmp_path / "vault.txt"
+    vault.write_text("pw\n")
+    req = runner.RunRequest(
+        playbook="site", inventory=str(inv), limit="gpu_hosts", tags="preflight", check=True, diff=True,
+        extravars={"x": 1}, vault_password_files=[str(vault)],
+    )  # fmt: skip
+    kw = runner.runner_kwargs(req, coll, tmp_path / "runs")
+    assert kw["playbook"] == str(coll.root / "playbooks" / "site.yml")
+    assert kw["inventory"] == str(inv) and kw["limit"] == "gpu_hosts" and kw["tags"] == "preflight"
+    assert kw["cmdline"] == "--check --diff --vault-password-file %s" % vault
+    assert kw["extravars"] == {"x": 1} and kw["quiet"] is True
+    env = kw["envvars"]
+    assert env["ANSIBLE_COLLECTIONS_PATH"].split(":")[0] == str(coll.collections_path)
+    with pytest.raises(runner.UsageError, match="no such inventory"):
+        runner.runner_kwargs(runner.RunRequest(playbook="site", inventory=str(tmp_path / "nope")), coll, tmp_path)
+
+
+def test_user_ansible_settings_win():
+    coll = locate_collection()
+    env = runner.settings_env(coll, {"PATH": "/bin", "ANSIBLE_FORKS": "3", "ANSIBLE_CONFIG": "/etc/my.cfg"})
+    assert "ANSIBLE_FORKS" not in env and "ANSIBLE_CONFIG" not in env  # inherited unchanged
+    env = runner.settings_env(coll, {"PATH": "/bin"})
+    assert env["ANSIBLE_CONFIG"] == str(coll.root / "ansible.cfg")  # a checkout's own settings
+
+
+def test_deploy_success_prints_per_host_counts(fake, tmp_path, capsys):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    f = fake(
+        [
+            _play("Engines"),
+            _task("Install"),
+            _ok("gpu-a", True),
+            _ok("gpu-b"),
+            _stats(**{"gpu-a": (9, 2, 0), "gpu-b": (9, 0, 0)}),
+        ]
+    )
+    rc = cli.main(["deploy", "-i", str(inv), "-e", "engine_surge=never"])
+    out = capsys.readouterr().out
+    assert rc == 0 and f.kwargs["extravars"] == {"engine_surge": "never"}
+    assert "Engines | Install" in out
+    assert [line.split() for line in out.splitlines() if line.strip().startswith("gpu-a")][-1][:5] == [
+        "gpu-a", "ok", "9", "changed", "2",
+    ]  # fmt: skip
+    assert "site finished (successful); full log: " in out and out.rstrip().endswith("run-1/stdout")
+
+
+def test_failures_end_in_sentences_with_cause_fix_and_log(fake, tmp_path, capsys):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    events = [
+        _play("Preflight every host before any change"),
+        _task("Check the engine instances", "/c/roles/engine/tasks/preflight.yml:40"),
+        _failed(
+            "gpu-a",
+            "Check the engine instances",
+            "gpufleet_engines[0].port=8001 is already used; give each its own port",
+            "/c/roles/engine/tasks/preflight.yml:40",
+        ),
+        {
+            "event": "runner_on_unreachable",
+            "event_data": {
+                "host": "gpu-b",
+                "task": "Gathering Facts",
+                "res": {"unreachable": True, "msg": "ssh: timed out"},
+            },
+        },
+        _play("Engines"),
+        _failed("gpu-c", "Wait for /health of chat", "retries exhausted", "/c/roles/engine/tasks/readiness.yml:3"),
+        _stats(**{"gpu-a": (3, 0, 1), "gpu-c": (20, 3, 1)}),
+    ]
+    fake(events, rc=2, status="failed")
+    rc = cli.main(["deploy", "-i", str(inv)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "gpu-a failed the preflight (nothing was changed on any host): gpufleet_engines[0].port=8001" in err
+    assert "gpu-b is unreachable: ssh: timed out. Fix: check ansible_host" in err
+    assert "gpu-c: engine instance chat never became ready" in err and "journalctl -u gpufleet-engine@chat" in err
+    assert "Full log: " in err and err.rstrip().endswith("run-1/stdout")
+
+
+def test_json_output_and_rollout_batch(fake, tmp_path, capsys):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    f = fake([_play("Roll"), _failed("gpu-a", "Apply the engines", "boom"), _stats(**{"gpu-a": (1, 0, 1)})], rc=2)
+    rc = cli.main(["rollout", "-i", str(inv), "--batch", "25%", "--driver", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 2 and data["rc"] == 2 and data["playbook"] == "rollout"
+    assert data["hosts"]["gpu-a"]["failed"] == 1
+    assert data["failures"][0]["sentence"] == "gpu-a: task 'Apply the engines' failed: boom"
+    assert f.kwargs["playbook"].endswith("playbooks/rollout.yml")
+    assert f.kwargs["extravars"] == {"gpufleet_rollout_batch": "25%", "gpufleet_rollout_driver": True}
+    assert cli.main(["rollout", "-i", str(inv), "--batch", "0"]) == 2
+    assert "--batch 0: give a host count" in capsys.readouterr().err
+
+
+def test_live_view_redraws_in_place():
+    out = io.StringIO()
+    view = runner.RunView(out=out, live=True)
+    view.handle(_play("Engines"))
+    view.draw(force=True)
+    view.handle(_ok("gpu-a", True))
+    view.draw(force=True)
+    text = out.getvalue()
+    assert "\x1b[" in text and "F" in text  # cursor moved up to redraw
+    assert view.lines()[1].split()[:5] == ["gpu-a", "ok", "1", "changed", "1"]
