@@ -86,7 +86,18 @@ CHOICES = {
 INSTANCE_KEYS = {
     "name", "engine", "accelerator", "image", "model", "served_model_name", "port", "bind", "gpus", "cpus",
     "api_key", "ipc", "shm_size", "kv_cache_space_gib", "extra_args", "env", "readiness_timeout", "options",
+    "surge_port",
 }  # fmt: skip
+# A restart that fits starts a copy of the instance with its new settings first (the surge
+# copy, on port + SURGE_PORT_OFFSET unless surge_port says otherwise), so the proxy has a
+# ready backup while the instance itself restarts.
+SURGE_PORT_OFFSET = 1000
+# Two vLLM copies share a GPU only when both budgets fit with room for a second CUDA context.
+SURGE_SHARED_LIMIT = 0.9
+# vLLM drains on SIGTERM for up to this long (--shutdown-timeout, vllm-project/vllm#36666;
+# checked in vLLM 0.32): requests in flight finish, new ones get HTTP 500, which the proxy
+# retries on another server. Docker's stop timeout (30 s) stays above it.
+VLLM_SHUTDOWN_TIMEOUT = 25
 
 # Official images, pinned. vLLM's CUDA image and its CPU build (x86_64) are published per
 # release (docs.vllm.ai, "Using Docker"); SGLang's on Docker Hub (lmsysorg/sglang).
@@ -363,6 +374,40 @@ def validate(instances, gpu=None, models=None, host=None):
                     )
                 except ModelConfigError as exc:
                     errors.append("%s.model=%s: %s" % (where, model, exc))
+    errors.extend(_surge_port_errors(instances))
+
+    return errors
+
+
+def surge_port(inst):
+    """The port of the instance's surge copy: surge_port, else port + SURGE_PORT_OFFSET."""
+    if inst.get("surge_port") is not None or not _typed(inst.get("port"), int):
+        return inst.get("surge_port")
+    return inst["port"] + SURGE_PORT_OFFSET
+
+
+def _surge_port_errors(instances):
+    taken = {}
+    for i, inst in enumerate(instances):
+        if isinstance(inst, dict) and _typed(inst.get("port"), int):
+            taken.setdefault(inst["port"], "the port of gpufleet_engines[%d]" % i)
+    errors = []
+    for i, inst in enumerate(instances):
+        if not isinstance(inst, dict) or not _typed(inst.get("port"), int):
+            continue
+        where, port = _where(i, inst), surge_port(inst)
+        if not _typed(port, int) or not 1024 <= port <= 65535:
+            errors.append(
+                "%s.surge_port=%r must be an integer from 1024 to 65535 (the port of the copy started beside the "
+                "instance while it restarts; default port + %d)." % (where, port, SURGE_PORT_OFFSET)
+            )
+        elif port in taken:
+            errors.append(
+                "%s: its surge copy's port %d (surge_port, default port + %d) is already %s; set surge_port to a "
+                "free port." % (where, port, SURGE_PORT_OFFSET, taken[port])
+            )
+        else:
+            taken[port] = "the surge port of gpufleet_engines[%d]" % i
     return errors
 
 
@@ -411,6 +456,8 @@ def engine_args(inst):
     else:
         args = ["--model-path", model, "--served-model-name", served]
     args += ["--host", inst.get("bind", "127.0.0.1"), "--port", str(inst["port"])]
+    if engine == "vllm":
+        args += ["--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT)]
     options = _options_of(inst)
     for key in OPTIONS:
         value = options.get(key)
@@ -592,6 +639,67 @@ def render(inst, gpu=None, host=None, defaults=None):
     }
 
 
+def surge(inst, instances, plan_=None, gpu=None, host=None, defaults=None):
+    """Can a copy of the instance, with its new settings, run beside the running one while it
+    restarts (start-before-stop)? {fits, why, port, gpus}; when it fits, also the copy's
+    docker_args, container and base_url. `inst` carries the planned options."""
+    defaults, host, gpu = defaults or {}, host or {}, gpu or {}
+    port = surge_port(inst)
+    out = {"fits": False, "port": port, "gpus": []}
+    accelerator = inst.get("accelerator", "nvidia")
+    gib = 2.0**30
+    if defaults.get("surge", "auto") == "never":
+        out["why"] = "engine_surge is never"
+        return out
+    if accelerator == "cpu":
+        available = host.get("memory_available_mib")
+        weights = (plan_ or {}).get("weights_host_bytes")
+        if not available or weights is None:
+            out["why"] = "the host's free memory or the model's size is unknown"
+            return out
+        # KV space + weights + 1 GiB for the runtime (torch, the server, the tokenizer)
+        need = int(inst.get("kv_cache_space_gib", 1)) * 2**30 + weights + 2**30
+        if need > available * 2**20:
+            out["why"] = "a copy needs %.1f GiB of host memory, %.1f GiB is free" % (need / gib, available / 1024.0)
+            return out
+        out.update(fits=True, why="a copy needs %.1f GiB, %.1f GiB is free" % (need / gib, available / 1024.0))
+    else:
+        devices = {d.get("index"): d for d in gpu.get("devices") or []}
+        mine = list(inst.get("gpus") or [])
+        given = {g for other in instances if isinstance(other, dict) for g in other.get("gpus") or []}
+        size = min([devices[g].get("memory_total_mib") or 0 for g in mine if g in devices] or [0])
+        idle = [g for g in sorted(devices) if g not in given and (devices[g].get("memory_total_mib") or 0) >= size]
+        options = _options_of(inst)
+        share = options.get("gpu_memory_utilization") if inst.get("engine", "vllm") == "vllm" else None
+        if size and len(idle) >= len(mine):
+            # idle GPUs on the instance's NUMA node(s) first
+            nodes = {devices[g].get("numa_node") for g in mine}
+            idle.sort(key=lambda g: devices[g].get("numa_node") not in nodes)
+            out.update(fits=True, gpus=sorted(idle[: len(mine)]))
+            out["why"] = "GPUs %s are idle" % out["gpus"]
+        elif share and 2 * share <= SURGE_SHARED_LIMIT:
+            out.update(fits=True, gpus=mine)
+            out["why"] = "two copies at gpu_memory_utilization %.2f fit on GPUs %s" % (share, mine)
+        else:
+            out["why"] = "no %d idle GPU%s beside GPUs %s, and %s" % (
+                len(mine),
+                "" if len(mine) == 1 else "s",
+                mine,
+                "gpu_memory_utilization %.2f leaves no room for a second copy" % share
+                if share
+                else "without a planned gpu_memory_utilization no second copy is planned on them",
+            )
+            return out
+    copy = render(dict(inst, port=port, gpus=out["gpus"]), gpu=gpu, host=host, defaults=defaults)
+    name = inst["name"]
+    args = list(copy["docker_args"])
+    args[args.index("gpufleet-%s" % name)] = "gpufleet-%s-surge" % name
+    at = args.index("--label")
+    args[at : at + 2] = ["--label", "io.gpufleet.engine=%s" % name, "--label", "io.gpufleet.surge=true"]
+    out.update(docker_args=args, container="gpufleet-%s-surge" % name, base_url=copy["base_url"])
+    return out
+
+
 def memory_plans(instances, gpu=None, models=None):
     """The memory plan of every validated instance whose model config is at hand:
     ({name: plan}, errors). A plan's options fill in what the instance does not pin."""
@@ -701,7 +809,9 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None):
         return {"errors": errors, "instances": []}
     rendered = []
     for inst in instances:
-        out = render(_with_plan(inst, plans.get(inst["name"])), gpu=gpu, host=host, defaults=defaults)
+        planned = _with_plan(inst, plans.get(inst["name"]))
+        out = render(planned, gpu=gpu, host=host, defaults=defaults)
+        out["surge"] = surge(planned, instances, plans.get(inst["name"]), gpu=gpu, host=host, defaults=defaults)
         out["memory_plan"] = memory_summary(plans.get(inst["name"])) or (
             [skipped[inst["name"]]] if inst["name"] in skipped else []
         )

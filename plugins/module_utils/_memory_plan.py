@@ -725,6 +725,8 @@ def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reaso
         "kv_cache_dtype": kv_dtype,
         "block_size": block,
         "weights_bytes_per_gpu": None,
+        # host memory the weights take beside the KV space (unquantized: parameters x dtype)
+        "weights_host_bytes": int(model.parameter_count(config) * model.DTYPE_BYTES.get(dtype, 2)),
         "kv_cache_bytes_per_gpu": int(kv_space_bytes),
         "kv_bytes_per_token_per_gpu": int(bpt),
         "kv_cache_tokens": int(tokens),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engines import local_address
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import local_address, surge_port
 
 KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -31,8 +31,8 @@ DURATION = re.compile(r"^\d+(ms|s|m|h)?$")
 def plan_proxy(params, engines):
     """params: the proxy_* variables (without the prefix); engines: gpufleet_engines.
 
-    Returns {errors, upstream: [host:port], engine_key: str|None, model: served name,
-    instances: [names], monitor: [{name, port}]}.
+    Returns {errors, upstream: [host:port], backup: [host:port] (the surge copies),
+    engine_key: str|None, model: served name, instances: [names], monitor: [{name, port}]}.
     """
     errors = []
     engines = [e for e in engines or [] if isinstance(e, dict)]
@@ -69,6 +69,8 @@ def plan_proxy(params, engines):
         )
     # ports
     taken = {e.get("port"): e.get("name") for e in engines}
+    for e in engines:
+        taken.setdefault(surge_port(e), "%s's surge copy" % e.get("name"))
     listen_ports = [("proxy_listen_port", params.get("listen_port"))]
     if params.get("tls"):
         listen_ports.append(("proxy_tls_port", params.get("tls_port")))
@@ -148,6 +150,12 @@ def plan_proxy(params, engines):
     return {
         "errors": errors,
         "upstream": ["%s:%d" % (local_address(e.get("bind", "127.0.0.1")), e["port"]) for e in chosen if "port" in e],
+        # the surge copies: used only while no instance answers (one of them restarting)
+        "backup": [
+            "%s:%d" % (local_address(e.get("bind", "127.0.0.1")), surge_port(e))
+            for e in chosen
+            if isinstance(surge_port(e), int)
+        ],
         "engine_key": (chosen[0].get("api_key") or None) if chosen else None,
         "model": models[0] if models else None,
         "instances": [e["name"] for e in chosen],

@@ -9,6 +9,7 @@ from conftest import ROOT, read_fixture
 
 from ansible_collections.gpufleet.serving.plugins.filter.engine_plan import model_inventory
 from ansible_collections.gpufleet.serving.plugins.module_utils._engines import (
+    SURGE_PORT_OFFSET,
     engine_args,
     ipc_mode,
     placement,
@@ -136,6 +137,7 @@ def test_vllm_args():
                             reasoning_parser="deepseek_r1", extra_args=["--disable-log-stats"]))  # fmt: skip
     assert args == [
         "--model", "/models/chat", "--served-model-name", "qwen", "--host", "127.0.0.1", "--port", "8001",
+        "--shutdown-timeout", "25",
         "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.92", "--max-model-len", "16384",
         "--no-enable-chunked-prefill", "--enable-prefix-caching", "--reasoning-parser", "deepseek_r1",
         "--disable-log-stats",
@@ -275,3 +277,66 @@ def test_parameter_counts_match_published_totals(name, published):
 
     config = load_model_config((CONFIGS / ("%s.json" % name)).read_text())
     assert abs(parameter_count(config) - published) / published < 0.005
+
+
+# ---------------------------------------------------------------- start-before-stop (surge copy)
+
+H100 = build_facts(summary=read_fixture("8x_h100_sxm_thamada", "nvidia-smi.txt"))
+
+
+def surge_of(instances, gpu=GPU, host=HOST, **defaults):
+    result = plan(instances, gpu=gpu, models=MODELS, host=host, defaults=defaults)
+    assert result["errors"] == []
+    return {i["name"]: i["surge"] for i in result["instances"]}
+
+
+def test_surge_uses_idle_gpus_and_renames_the_copy():
+    # 8 GPUs, the instance holds 0-1: the copy starts on two idle ones, on its own port
+    s = surge_of([chat(gpus=[0, 1])], gpu=H100)["chat"]
+    assert s["fits"] and len(s["gpus"]) == 2 and not set(s["gpus"]) & {0, 1}, s
+    assert s["port"] == 8001 + SURGE_PORT_OFFSET and s["base_url"] == "http://127.0.0.1:%d" % s["port"]
+    args = s["docker_args"]
+    assert args[args.index("--name") + 1] == "gpufleet-chat-surge"
+    assert '"device=%s"' % ",".join(map(str, s["gpus"])) in args
+    assert args[args.index("--port") + 1] == str(s["port"])
+    assert "io.gpufleet.surge=true" in args
+
+
+def test_surge_does_not_fit_when_the_gpus_are_full():
+    # both GPUs of the 2x4090 are given to the instance, and the planned budget is high
+    s = surge_of([chat()])["chat"]
+    assert not s["fits"] and "no 2 idle GPUs" in s["why"] and "gpu_memory_utilization" in s["why"]
+    assert "docker_args" not in s
+
+
+def test_surge_shares_the_gpus_when_two_budgets_fit():
+    s = surge_of([chat(model="/srv/models/llama8", gpu_memory_utilization=0.45, max_model_len=2048, max_num_seqs=4)])[
+        "chat"
+    ]
+    assert s["fits"] and s["gpus"] == [0, 1] and "0.45" in s["why"]
+
+
+def test_surge_never_and_other_instances_gpus_are_not_idle():
+    assert not surge_of([chat(gpus=[0, 1])], gpu=H100, surge="never")["chat"]["fits"]
+    busy = [chat(name="a", gpus=[0, 1], port=8001)] + [
+        chat(name=n, gpus=g, port=p) for n, g, p in (("b", [2, 3], 8002), ("c", [4, 5], 8003), ("d", [6, 7], 8004))
+    ]
+    assert not any(s["fits"] for s in surge_of(busy, gpu=H100).values())
+
+
+def test_surge_on_cpu_follows_the_hosts_free_memory():
+    cpu = chat(accelerator="cpu", gpus=[], tensor_parallel_size=None, kv_cache_space_gib=4, model="/srv/models/llama8")
+    cpu.pop("tensor_parallel_size")
+    roomy = surge_of([cpu], host=dict(HOST, memory_available_mib=64 * 1024))["chat"]
+    # 4 GiB KV + 8.03 B parameters x 2 bytes (bfloat16) + 1 GiB runtime = about 20 GiB
+    assert roomy["fits"] and "20.0 GiB" in roomy["why"], roomy
+    tight = surge_of([cpu], host=dict(HOST, memory_available_mib=16 * 1024))["chat"]
+    assert not tight["fits"] and "16.0 GiB is free" in tight["why"]
+    assert not surge_of([cpu])["chat"]["fits"]  # free memory unknown: stop-before-start
+
+
+def test_surge_port_clashes_are_named():
+    errors = errors_of(chat(name="a", port=8001), chat(name="b", port=9001, gpus=[]))
+    assert any("gpufleet_engines[0]" in e and "9001" in e and "set surge_port" in e for e in errors), errors
+    assert any("surge_port=70000" in e for e in errors_of(chat(surge_port=70000)))
+    assert errors_of(chat(name="a", port=8001, surge_port=8500)) == []

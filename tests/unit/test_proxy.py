@@ -29,6 +29,9 @@ def test_replicas_balance_with_one_engine_key():
     plan = plan_proxy(params(), ENGINES)
     assert plan["errors"] == []
     assert plan["upstream"] == ["127.0.0.1:8001", "127.0.0.1:8002"]
+    # the surge copies (port + 1000 unless surge_port is set) stand behind them as backups
+    assert plan["backup"] == ["127.0.0.1:9001", "127.0.0.1:9002"]
+    assert plan_proxy(params(), [dict(ENGINES[0], surge_port=8500)])["backup"] == ["127.0.0.1:8500"]
     assert plan["model"] == "qwen"
     assert plan["engine_key"] == "e" * 40
 
@@ -37,6 +40,7 @@ def test_replicas_balance_with_one_engine_key():
     ("over", "engines", "words"),
     [
         ({"listen_port": 8001}, ENGINES, ["proxy_listen_port=8001 is the port of engine instance r1"]),
+        ({"listen_port": 9002}, ENGINES, ["proxy_listen_port=9002 is the port of engine instance r2's surge copy"]),
         (
             {"monitor_listen": "127.0.0.1:8002"},
             ENGINES,
