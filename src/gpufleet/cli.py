@@ -310,6 +310,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rollout.set_defaults(func=cmd_rollout)
 
+    status = sub.add_parser(
+        "status",
+        help="what each gpu host serves now: engines, model, TP, KV cache use, requests, driver, NCCL P2P",
+        description="Run the read-only playbooks/status.yml. Exit 0 when every engine instance serves, 1 when one "
+        "does not, the run's status when a host could not be read.",
+    )
+    status.add_argument("-i", "--inventory", required=True, help="inventory file or folder")
+    status.add_argument("-l", "--limit", help="only these hosts or groups")
+    status.add_argument("--json", action="store_true", help="print the reports as one JSON object")
+    status.set_defaults(func=cmd_status)
+
     bench = sub.add_parser(
         "bench",
         help="streaming load against an OpenAI-compatible endpoint: TTFT, TPOT, ITL percentiles, throughput",
@@ -402,6 +413,12 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=sys.stderr)
         return 2
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from gpufleet.runner import RunRequest, run_status
+
+    return run_status(RunRequest(playbook="status", inventory=args.inventory, limit=args.limit, json=args.json))
 
 
 def cmd_lab_test(args: argparse.Namespace) -> int:

@@ -159,6 +159,7 @@ class RunView:
     quiet: bool = False
     hosts: dict[str, HostState] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    reports: dict[str, Any] = field(default_factory=dict)  # gpufleet_status facts (status.yml)
     play: str = ""
     task: str = ""
     _task_path: str = ""
@@ -187,6 +188,9 @@ class RunView:
             if (data.get("res") or {}).get("changed"):
                 state.changed += 1
             state.status = "ok"
+            report = ((data.get("res") or {}).get("ansible_facts") or {}).get("gpufleet_status")
+            if report is not None:
+                self.reports[data.get("host", "?")] = report
         elif kind == "runner_on_skipped":
             self.host(data.get("host", "?")).skipped += 1
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
@@ -294,7 +298,11 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path) -> dict[
             "-i %s: no such inventory file or folder; give the path of your inventory (e.g. inventories/lab)"
             % req.inventory
         )
-    playbook = {"site": coll.site_playbook, "rollout": coll.rollout_playbook}[req.playbook]
+    playbook = {
+        "site": coll.site_playbook,
+        "rollout": coll.rollout_playbook,
+        "status": coll.root / "playbooks" / "status.yml",
+    }[req.playbook]
     cmdline = []
     if req.check:
         cmdline.append("--check")
@@ -325,11 +333,10 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path) -> dict[
     return kwargs
 
 
-def run_playbook(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run the request; print the live view (or raw output, or JSON) and the ending. Returns the rc."""
+def _execute(req: RunRequest, view: RunView, err: TextIO) -> tuple[Any, Path] | int:
+    """One ansible-runner run for the request: (result, log path), or 2 on bad input."""
     import ansible_runner
 
-    out, err = out or sys.stdout, err or sys.stderr
     coll = locate_collection()
     private_dir = cache_dir() / "runs"
     private_dir.mkdir(parents=True, exist_ok=True)
@@ -341,14 +348,36 @@ def run_playbook(req: RunRequest, out: TextIO | None = None, err: TextIO | None 
     if req.ask_vault_pass:
         secret = getpass.getpass("Vault password: ")
         kwargs["passwords"] = {r"^Vault password:\s*?$": secret}
+    result = ansible_runner.run(event_handler=view.handle, **kwargs)
+    return result, Path(private_dir) / "artifacts" / str(result.config.ident) / "stdout"
+
+
+def _print_failures(view: RunView, what: str, rc: int, status: str, log: Path, err: TextIO) -> None:
+    print("gpufleet: %s failed (rc %d)." % (what, rc), file=err)
+    seen = set()
+    for failure in view.failures:
+        sentence = failure.sentence()
+        if sentence not in seen:
+            seen.add(sentence)
+            print("  - " + sentence, file=err)
+    if not view.failures:
+        print("  - no host reported a failed task; the run itself failed (%s)." % status, file=err)
+    print("Full log: %s" % log, file=err)
+
+
+def run_playbook(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the request; print the live view (or raw output, or JSON) and the ending. Returns the rc."""
+    out, err = out or sys.stdout, err or sys.stderr
     live = not req.json and req.verbose == 0 and out.isatty()
     view = RunView(out=out, live=live, quiet=req.json or req.verbose > 0)
     if not req.json and req.verbose == 0:
-        print("gpufleet: %s on %s" % (Path(kwargs["playbook"]).name, req.inventory), file=out)
-    result = ansible_runner.run(event_handler=view.handle, **kwargs)
+        print("gpufleet: %s on %s" % (req.playbook, req.inventory), file=out)
+    done = _execute(req, view, err)
+    if isinstance(done, int):
+        return done
+    result, log = done
     view.draw(force=True)
     rc = result.rc if isinstance(result.rc, int) else 1
-    log = Path(private_dir) / "artifacts" / str(result.config.ident) / "stdout"
     summary = dict(view.summary(), rc=rc, status=result.status, log=str(log), playbook=req.playbook)
     if req.json:
         print(json.dumps(summary, indent=2, sort_keys=True), file=out)
@@ -359,14 +388,67 @@ def run_playbook(req: RunRequest, out: TextIO | None = None, err: TextIO | None 
     if rc == 0:
         print("gpufleet: %s finished (%s); full log: %s" % (req.playbook, result.status, log), file=out)
     else:
-        print("gpufleet: %s failed (rc %d)." % (req.playbook, rc), file=err)
-        seen = set()
-        for failure in view.failures:
-            sentence = failure.sentence()
-            if sentence not in seen:
-                seen.add(sentence)
-                print("  - " + sentence, file=err)
-        if not view.failures:
-            print("  - no host reported a failed task; the run itself failed (%s)." % result.status, file=err)
-        print("Full log: %s" % log, file=err)
+        _print_failures(view, req.playbook, rc, result.status, log, err)
     return rc
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else "%.1f%%" % (100.0 * value)
+
+
+def status_rows(reports: dict[str, Any]) -> list[list[str]]:
+    """The status table: one row per engine instance (one per host without any)."""
+    rows = [["HOST", "DRIVER", "NCCL", "ENGINE", "STATE", "MODEL", "TP", "GPUS", "KV CACHE", "RUNNING", "WAITING"]]
+    for host in sorted(reports):
+        r = reports[host]
+        head = [host, r.get("driver_version") or "-", r.get("nccl") or "-"]
+        if not r.get("engines"):
+            rows.append([*head, "-", "no engine", "-", "-", "-", "-", "-", "-"])
+        for e in r.get("engines") or []:
+            state = "serving" if e.get("serving") else "NOT SERVING (unit %s)" % e.get("unit")
+            rows.append(
+                [
+                    *head,
+                    "%s %s:%s" % (e.get("name"), e.get("engine"), e.get("port")),
+                    state,
+                    str(e.get("model") or "-"),
+                    str(e.get("tensor_parallel_size") or "-"),
+                    str(e.get("gpus") or "-"),
+                    _pct(e.get("kv_cache_usage")),
+                    "-" if e.get("running") is None else str(e["running"]),
+                    "-" if e.get("waiting") is None else str(e["waiting"]),
+                ]
+            )
+    return rows
+
+
+def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """gpufleet status: the read-only status.yml, printed as a table (or JSON). Exit 0 when every
+    instance serves, 1 when one does not, the run's rc when a host could not be read."""
+    out, err = out or sys.stdout, err or sys.stderr
+    view = RunView(out=out, live=False, quiet=True)
+    done = _execute(req, view, err)
+    if isinstance(done, int):
+        return done
+    result, log = done
+    rc = result.rc if isinstance(result.rc, int) else 1
+    down = [
+        "%s/%s" % (host, e.get("name"))
+        for host, r in view.reports.items()
+        for e in r.get("engines") or []
+        if not e.get("serving")
+    ]
+    if req.json:
+        print(json.dumps({"hosts": view.reports, "rc": rc, "log": str(log)}, indent=2, sort_keys=True), file=out)
+    else:
+        rows = status_rows(view.reports)
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    if rc != 0:
+        _print_failures(view, "status", rc, result.status, log, err)
+        return rc
+    if down:
+        print("gpufleet: not serving: %s" % ", ".join(down), file=err)
+        return 1
+    return 0

@@ -1,0 +1,69 @@
+"""gpufleet status: the report a host gives (module_utils/_status.py and the engine_status
+filter) read from a real vLLM /metrics capture and a real rendered docker-run.args, and the
+table the CLI prints from it."""
+
+from __future__ import annotations
+
+import base64
+
+from conftest import ROOT
+
+from ansible_collections.gpufleet.serving.plugins.filter.engine_status import engine_status
+from ansible_collections.gpufleet.serving.plugins.module_utils._engines import render
+from ansible_collections.gpufleet.serving.plugins.module_utils._status import parse_metrics, read_args
+from gpufleet.runner import status_rows
+
+METRICS = ROOT / "tests" / "fixtures" / "engine_metrics"
+BUSY = (METRICS / "vllm-0.32.0-cpu-busy.txt").read_text()
+IDLE = (METRICS / "vllm-0.32.0-cpu-idle.txt").read_text()
+
+
+def _args(**over):
+    inst = {"name": "chat", "engine": "vllm", "model": "/srv/models/qwen", "served_model_name": "qwen", "port": 8001,
+            "gpus": [0, 1], "tensor_parallel_size": 2}  # fmt: skip
+    inst.update(over)
+    return "\n".join(render(inst)["docker_args"]) + "\n"
+
+
+def test_metrics_of_a_busy_and_an_idle_vllm():
+    # the capture: the last two of six long completions still running, none waiting
+    busy = parse_metrics(BUSY)
+    assert busy["running"] == 2 and busy["waiting"] == 0
+    assert 0 < busy["kv_cache_usage"] < 0.05
+    assert parse_metrics(IDLE) == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+    assert parse_metrics("", "sglang") == {"running": None, "waiting": None, "kv_cache_usage": None}
+    sglang = 'sglang:num_running_reqs{tp_rank="0"} 3\nsglang:num_queue_reqs{tp_rank="0"} 1\nsglang:token_usage 0.5\n'
+    assert parse_metrics(sglang, "sglang") == {"running": 3, "waiting": 1, "kv_cache_usage": 0.5}
+
+
+def test_instance_as_deployed_from_its_docker_run_args():
+    got = read_args(_args())
+    assert got["model"] == "qwen" and got["port"] == 8001 and got["tensor_parallel_size"] == 2
+    assert got["gpus"] == "0,1" and got["engine"] == "vllm" and got["image"].startswith("vllm/vllm-openai:")
+    cpu = read_args(_args(accelerator="cpu", gpus=[], tensor_parallel_size=None, port=8002))
+    assert cpu["gpus"] == "cpu" and cpu["tensor_parallel_size"] == 1 and cpu["port"] == 8002
+
+
+def _b64(text):
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_filter_joins_folders_units_and_metrics_and_the_table_flags_what_does_not_serve():
+    folders = [{"path": "/etc/gpufleet/engines/chat"}, {"path": "/etc/gpufleet/engines/spare"}]
+    report = engine_status(
+        folders,
+        args=[{"content": _b64(_args())}, {"content": _b64(_args(name="spare", port=8002, gpus=[2]))}],
+        units=[{"status": {"ActiveState": "active"}}, {"status": {"ActiveState": "failed"}}],
+        metrics=[{"status": 200, "content": BUSY}, {"status": -1, "msg": "connection refused"}],
+        gpu={"driver_version": "580.95.05", "count": 4, "devices": [{"name": "NVIDIA H100"}], "p2p": {}},
+        nccl_env="# written by gpufleet\nNCCL_P2P_DISABLE=1\n",
+    )
+    chat, spare = report["engines"]
+    assert chat["serving"] and chat["running"] == 2 and chat["waiting"] == 0
+    assert not spare["serving"] and spare["unit"] == "failed" and spare["running"] is None
+    assert report["nccl"] == "P2P disabled (NCCL_P2P_DISABLE=1)" and report["driver_version"] == "580.95.05"
+    rows = status_rows({"gpu-01": report, "gpu-02": dict(report, engines=[])})
+    assert rows[0][:5] == ["HOST", "DRIVER", "NCCL", "ENGINE", "STATE"]
+    assert rows[1][3:8] == ["chat vllm:8001", "serving", "qwen", "2", "0,1"] and rows[1][9:] == ["2", "0"]
+    assert rows[2][4] == "NOT SERVING (unit failed)"
+    assert rows[3][0] == "gpu-02" and rows[3][4] == "no engine"
