@@ -1,4 +1,5 @@
 # gpufleet: one entry point for people and CI.
+#   make demo      the whole stack on this machine without a GPU (gpufleet demo up); make demo-down
 #   make test      everything CI runs: installs what is missing, then unit, lint, molecule
 #   make fast      the fast tier (unit + lint), a couple of minutes
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
@@ -16,13 +17,20 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenarios to run (default: all under extensions/molecule/).
 SCENARIO ?=
 
-.PHONY: test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet fleet-lab lab clean-lab constraints build-collection
+.PHONY: demo demo-down test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet fleet-lab lab clean-lab constraints build-collection
 
 test: setup lab
 	@$(MAKE) --no-print-directory unit lint labtests molecule
 
 fast: setup
 	@$(MAKE) --no-print-directory unit lint
+
+# One command from a fresh machine to a streaming endpoint (installs what it needs, cached).
+demo: setup
+	$(BIN)/gpufleet demo up
+
+demo-down: setup
+	$(BIN)/gpufleet demo down
 
 # Python environment, pinned by requirements/constraints.txt (what CI tested).
 setup: $(STAMP)

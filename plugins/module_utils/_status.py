@@ -93,10 +93,12 @@ def host_status(instances, gpu=None, nccl_env=None):
         if "=" in line and not line.lstrip().startswith("#"):
             key, _, value = line.partition("=")
             env[key.strip()] = value.strip()
-    if "NCCL_P2P_DISABLE" in env:
-        nccl = "P2P disabled (NCCL_P2P_DISABLE=%s)" % env["NCCL_P2P_DISABLE"]
+    if env.get("NCCL_P2P_DISABLE") == "1":
+        nccl = "P2P disabled (NCCL_P2P_DISABLE=1)"
     elif "NCCL_P2P_LEVEL" in env:
-        nccl = "P2P up to %s" % env["NCCL_P2P_LEVEL"]
+        nccl = "P2P up to %s (NCCL_P2P_LEVEL)" % env["NCCL_P2P_LEVEL"]
+    elif "NCCL_P2P_DISABLE" in env:
+        nccl = "P2P enabled (NCCL_P2P_DISABLE=%s)" % env["NCCL_P2P_DISABLE"]
     elif nccl_env is not None:
         nccl = "P2P left to NCCL"
     else:

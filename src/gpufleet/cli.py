@@ -330,6 +330,23 @@ def build_parser() -> argparse.ArgumentParser:
     _bench.add_arguments(bench)
     bench.set_defaults(func=_bench.run)
 
+    demo = sub.add_parser("demo", help="the whole stack on this machine, without a GPU: up, status, down")
+    demo_sub = demo.add_subparsers(dest="demo_command", metavar="ACTION", required=True)
+    demo_up = demo_sub.add_parser(
+        "up",
+        help="build and start the demo host, run site.yml on inventories/demo, stream an answer",
+        description="Installs what it needs (Docker engine, lab images, tiny model; cached), starts one lab host, "
+        "runs the real site.yml against inventories/demo and streams an answer through the proxy. Run it again: "
+        "it is fast and changes nothing.",
+    )
+    demo_up.add_argument("-v", "--verbose", action="count", default=0, help="raw Ansible output")
+    demo_up.set_defaults(func=cmd_demo)
+    demo_status = demo_sub.add_parser("status", help="gpufleet status on the demo")
+    demo_status.add_argument("--json", action="store_true")
+    demo_status.set_defaults(func=cmd_demo)
+    demo_down = demo_sub.add_parser("down", help="remove the containers, volumes and images demo up made")
+    demo_down.set_defaults(func=cmd_demo)
+
     lab = sub.add_parser("lab", help="rehearse an inventory on lab hosts (containers), without GPUs")
     lab_sub = lab.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
     test = lab_sub.add_parser(
@@ -419,6 +436,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpufleet.runner import RunRequest, run_status
 
     return run_status(RunRequest(playbook="status", inventory=args.inventory, limit=args.limit, json=args.json))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gpufleet import demo
+    from gpufleet.lab import LabError
+
+    try:
+        if args.demo_command == "up":
+            return demo.up(verbose=args.verbose)
+        if args.demo_command == "status":
+            return demo.status(as_json=args.json)
+        return demo.down()
+    except LabError as exc:
+        print("gpufleet demo: %s" % exc, file=sys.stderr)
+        return 1
 
 
 def cmd_lab_test(args: argparse.Namespace) -> int:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,6 +38,7 @@ DEFAULT_SETTINGS = {
 # Tasks whose failure means "the engine never became ready" (roles/engine/tasks/readiness.yml).
 READINESS_TASKS = ("Wait for /health of ", "Generate one token with ", "Check the one-token generation of ")
 MAX_MESSAGE = 400
+KEEP_RUNS = 20  # run folders (logs) kept in the cache
 
 
 class UsageError(ValueError):
@@ -323,7 +326,6 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path) -> dict[
         "envvars": settings_env(coll),
         "extravars": req.extravars,
         "quiet": req.verbose == 0,
-        "rotate_artifacts": 20,
     }
     if cmdline:
         kwargs["cmdline"] = " ".join(cmdline)
@@ -338,8 +340,14 @@ def _execute(req: RunRequest, view: RunView, err: TextIO) -> tuple[Any, Path] | 
     import ansible_runner
 
     coll = locate_collection()
-    private_dir = cache_dir() / "runs"
-    private_dir.mkdir(parents=True, exist_ok=True)
+    # A folder per run: ansible-runner keeps a run's inputs (env/cmdline, env/extravars) in its
+    # private data folder and would hand them to the next run that gives none.
+    runs = cache_dir() / "runs"
+    runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir = runs / ("%s-%s-%s" % (time.strftime("%Y%m%d-%H%M%S"), req.playbook, uuid.uuid4().hex[:8]))
+    private_dir.mkdir(mode=0o700)
+    for old in sorted(p for p in runs.iterdir() if p.is_dir())[:-KEEP_RUNS]:
+        shutil.rmtree(old, ignore_errors=True)
     try:
         kwargs = runner_kwargs(req, coll, private_dir)
     except UsageError as exc:
@@ -348,8 +356,12 @@ def _execute(req: RunRequest, view: RunView, err: TextIO) -> tuple[Any, Path] | 
     if req.ask_vault_pass:
         secret = getpass.getpass("Vault password: ")
         kwargs["passwords"] = {r"^Vault password:\s*?$": secret}
-    result = ansible_runner.run(event_handler=view.handle, **kwargs)
-    return result, Path(private_dir) / "artifacts" / str(result.config.ident) / "stdout"
+    try:
+        result = ansible_runner.run(event_handler=view.handle, **kwargs)
+    finally:
+        # the extra vars may hold secrets (keys): they do not outlive the run
+        shutil.rmtree(private_dir / "env", ignore_errors=True)
+    return result, private_dir / "artifacts" / str(result.config.ident) / "stdout"
 
 
 def _print_failures(view: RunView, what: str, rc: int, status: str, log: Path, err: TextIO) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import types
+from pathlib import Path
 
 import pytest
 
@@ -188,3 +189,28 @@ def test_live_view_redraws_in_place():
     text = out.getvalue()
     assert "\x1b[" in text and "F" in text  # cursor moved up to redraw
     assert view.lines()[1].split()[:5] == ["gpu-a", "ok", "1", "changed", "1"]
+
+
+def test_each_run_gets_its_own_private_folder_and_its_inputs_are_removed(fake, tmp_path, monkeypatch):
+    # ansible-runner reads env/cmdline and env/extravars of its private folder when a run gives
+    # none: a --check run must not turn the next run into a check run
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    f = fake([])
+    seen = []
+
+    def record(event_handler=None, **kwargs):
+        env = Path(kwargs["private_data_dir"]) / "env"
+        env.mkdir()
+        (env / "cmdline").write_text(kwargs.get("cmdline", ""))
+        seen.append(kwargs)
+        return f(event_handler=event_handler, **kwargs)
+
+    import ansible_runner
+
+    monkeypatch.setattr(ansible_runner, "run", record)
+    assert cli.main(["deploy", "-i", str(inv), "--check", "-e", "k=secret"]) == 0
+    assert cli.main(["deploy", "-i", str(inv)]) == 0
+    first, second = (Path(k["private_data_dir"]) for k in seen)
+    assert first != second and "cmdline" not in seen[1]
+    assert not (first / "env").exists() and not (second / "env").exists()

@@ -62,6 +62,9 @@ def test_filter_joins_folders_units_and_metrics_and_the_table_flags_what_does_no
     assert chat["serving"] and chat["running"] == 2 and chat["waiting"] == 0
     assert not spare["serving"] and spare["unit"] == "failed" and spare["running"] is None
     assert report["nccl"] == "P2P disabled (NCCL_P2P_DISABLE=1)" and report["driver_version"] == "580.95.05"
+    assert engine_status([], nccl_env="NCCL_P2P_DISABLE=0\n")["nccl"] == "P2P enabled (NCCL_P2P_DISABLE=0)"
+    assert engine_status([], nccl_env="NCCL_P2P_LEVEL=NVL\n")["nccl"] == "P2P up to NVL (NCCL_P2P_LEVEL)"
+    assert engine_status([])["nccl"] == "no NCCL env file"
     rows = status_rows({"gpu-01": report, "gpu-02": dict(report, engines=[])})
     assert rows[0][:5] == ["HOST", "DRIVER", "NCCL", "ENGINE", "STATE"]
     assert rows[1][3:8] == ["chat vllm:8001", "serving", "qwen", "2", "0,1"] and rows[1][9:] == ["2", "0"]

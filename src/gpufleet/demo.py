@@ -1,0 +1,187 @@
+"""`gpufleet demo up | down | status`: the whole stack on this machine, with no GPU.
+
+`up` installs what it needs (a Docker engine; the lab's host image, vLLM CPU image and tiny
+model, each cached by the hash of its recipe), starts one lab host (a Debian 12 container with
+systemd) for inventories/demo, runs the real site.yml against it, streams an answer through
+the proxy and prints the endpoint, a curl line and the key. A second `up` reuses all of it
+and is idempotent. `down` removes the containers, volumes and images `up` made (images that
+were there before stay), and nothing else. `status` is `gpufleet status` on the demo.
+
+The demo runs from a checkout (it builds its images from tests/lab/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpufleet import lab
+from gpufleet._collection import locate_collection
+from gpufleet.runner import RunRequest, cache_dir, run_playbook, run_status
+
+HOSTS = {"gpufleet-demo-demo-gpu": "demo-gpu"}
+PROXY_PORT = 8080
+MODEL = "tiny-llama"
+LAB_IMAGES = ("base", "host", "vllm-cpu")
+
+
+def state_dir() -> Path:
+    return cache_dir() / "demo"
+
+
+def _say(msg: str) -> None:
+    print("gpufleet demo: %s" % msg, file=sys.stderr, flush=True)
+
+
+def _docker(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    return lab._run(["docker", *args], check=check)
+
+
+def _images() -> set[str]:
+    out = _docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout
+    return {line for line in out.splitlines() if line and "<none>" not in line}
+
+
+def _inventory() -> Path:
+    coll = locate_collection()
+    if coll.packaged:
+        raise lab.LabError("the demo builds its lab from a checkout (tests/lab); run it from a clone of gpufleet")
+    return coll.root / "inventories" / "demo"
+
+
+def _load_state() -> dict[str, Any]:
+    path = state_dir() / "state.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _save_state(state: dict[str, Any]) -> None:
+    state_dir().mkdir(parents=True, exist_ok=True)
+    (state_dir() / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def _key() -> str:
+    path = state_dir() / "key"
+    if not path.is_file():
+        state_dir().mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("gpufleet-demo-" + secrets.token_hex(24) + "\n")
+    return path.read_text().strip()
+
+
+def endpoint() -> str | None:
+    """http://ADDRESS:8080 of the demo host's proxy on the lab network, or None when it is not running."""
+    (container,) = HOSTS
+    proc = _docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", container)
+    address = proc.stdout.strip()
+    return "http://%s:%d" % (address, PROXY_PORT) if proc.returncode == 0 and address else None
+
+
+def stream_answer(base_url: str, key: str, prompt: str, out=None) -> str:
+    """Stream one chat completion through the proxy with the OpenAI client; returns the text."""
+    from openai import OpenAI
+
+    out = out or sys.stdout
+    client = OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=2, timeout=120)
+    text = []
+    out.write("> ")
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=48, stream=True
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            piece = chunk.choices[0].delta.content
+            text.append(piece)
+            out.write(piece)
+            out.flush()
+    out.write("\n")
+    return "".join(text)
+
+
+def up(verbose: int = 0) -> int:
+    started = time.monotonic()
+    inventory = _inventory()
+    state = _load_state()
+    _say("checking the Docker engine (installs docker.io and starts dockerd when missing)")
+    lab.harness("docker")
+    if "images_before" not in state:
+        state["images_before"] = sorted(_images())
+        state["had_network"] = _docker("network", "inspect", "gpufleet-lab").returncode == 0
+        _save_state(state)
+    _say("lab images and the tiny model (cached by the hash of their recipes)")
+    host_image = lab.harness("image", "host")
+    vllm_image = lab.harness("image", "vllm-cpu")
+    archive = Path(lab.harness("archive", "vllm-cpu")).name
+    model = Path(lab.harness("model", MODEL)).name
+    _say("starting the demo host")
+    lab.start_hosts(HOSTS, host_image, scenario="demo", nested_docker=True)
+    key = _key()
+    extravars = {
+        "gpufleet_demo_image": vllm_image,
+        "gpufleet_demo_archive": "/srv/gpufleet-lab/images/" + archive,
+        "gpufleet_demo_model": "/srv/gpufleet-lab/models/" + model,
+        "gpufleet_demo_key": key,
+    }
+    _say("site.yml on inventories/demo")
+    rc = run_playbook(RunRequest(playbook="site", inventory=str(inventory), extravars=extravars, verbose=verbose))
+    if rc != 0:
+        _say(
+            "site.yml failed (exit %d); the demo host is left as it is for a look (gpufleet demo down removes it)" % rc
+        )
+        return rc
+    url = endpoint()
+    if url is None:
+        _say("the demo host has no address on the lab network")
+        return 1
+    print(
+        "\nA streamed answer through the proxy (%s). The tiny model's weights are random, so its words are\n"
+        "noise: the demo shows the path (proxy, engine, stream), not a model." % url
+    )
+    stream_answer(url, key, "Say hello to a new gpufleet user.")
+    took = time.monotonic() - started
+    print(
+        "\nThe demo is up (%.0f s).\n"
+        "  endpoint  %s/v1  (OpenAI-compatible; model %s)\n"
+        "  key       %s  (kept in %s)\n"
+        "  try       curl -N %s/v1/chat/completions -H 'Authorization: Bearer %s' "
+        "-H 'Content-Type: application/json' "
+        '-d \'{"model": "%s", "messages": [{"role": "user", "content": "Hello"}], "stream": true}\'\n'
+        "  status    gpufleet demo status\n"
+        "  bench     GPUFLEET_API_KEY=$(cat %s) gpufleet bench %s\n"
+        "  remove    gpufleet demo down"
+        % (took, url, MODEL, key, state_dir() / "key", url, key, MODEL, state_dir() / "key", url)
+    )
+    return 0
+
+
+def down() -> int:
+    state = _load_state()
+    containers = list(HOSTS)
+    _say("removing %s and its Docker volume" % ", ".join(containers))
+    lab.remove_hosts(containers)
+    if "images_before" in state:
+        before = set(state["images_before"])
+        for image in sorted(i for i in _images() - before if i.startswith("gpufleet-lab/")):
+            _say("removing image %s (demo up built it)" % image)
+            _docker("rmi", image)
+        if not state.get("had_network"):
+            users = _docker("network", "inspect", "-f", "{{len .Containers}}", "gpufleet-lab").stdout.strip()
+            if users == "0":
+                _docker("network", "rm", "gpufleet-lab")
+    for name in ("state.json", "key"):
+        (state_dir() / name).unlink(missing_ok=True)
+    _say("removed (the model and image archives stay in the checkout's .cache/lab, as `make test` keeps them)")
+    return 0
+
+
+def status(as_json: bool = False) -> int:
+    if endpoint() is None:
+        _say("not running (gpufleet demo up starts it)")
+        return 1
+    return run_status(RunRequest(playbook="status", inventory=str(_inventory()), json=as_json))

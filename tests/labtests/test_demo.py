@@ -1,0 +1,85 @@
+"""`gpufleet demo up | status | down` as a new user runs it (through the CLI, in processes), plus
+`gpufleet bench` against the demo: up streams an answer through the real proxy and vLLM, a
+second up changes nothing, down leaves Docker's containers, volumes and images as they were."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HARNESS
+
+GPUFLEET = str(Path(sys.executable).parent / "gpufleet")
+
+
+def _docker_lists():
+    lists = {}
+    for what, argv in {
+        "containers": ["ps", "-a", "--format", "{{.Names}}"],
+        "volumes": ["volume", "ls", "--format", "{{.Name}}"],
+        "images": ["images", "--format", "{{.Repository}}:{{.Tag}}"],
+    }.items():
+        out = subprocess.run(["docker", *argv], check=True, capture_output=True, text=True).stdout
+        lists[what] = sorted(out.split())
+    return lists
+
+
+def _gpufleet(*args, env=None, timeout=1500):
+    proc = subprocess.run(
+        [GPUFLEET, *args], cwd="/", capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+    print(proc.stdout[-6000:], proc.stderr[-3000:], sep="\n")
+    return proc
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
+    subprocess.run([HARNESS, "image", "host"], check=True, capture_output=True)
+    subprocess.run([HARNESS, "model", "tiny-llama"], check=True, capture_output=True)
+    before = _docker_lists()
+    try:
+        up = _gpufleet("demo", "up")
+        assert up.returncode == 0
+        assert "A streamed answer through the proxy" in up.stdout
+        answer = re.search(r"^> (.*)$", up.stdout.split("A streamed answer through the proxy", 1)[1], re.M)
+        assert answer and answer.group(1).strip(), "the streamed answer is empty"
+        url = re.search(r"^  endpoint  (http://[0-9.]+:8080)/v1", up.stdout, re.M).group(1)
+        key = (cache_home / "gpufleet" / "demo" / "key").read_text().strip()
+        assert oct((cache_home / "gpufleet" / "demo" / "key").stat().st_mode & 0o777) == "0o600"
+        assert "Bearer %s" % key in up.stdout  # the ready-made curl line
+        # the live view's per-host line of the converge (no TTY here: printed once at the end)
+        assert re.search(r"^  demo-gpu\s+ok\s+\d+\s+changed\s+[1-9]", up.stdout, re.M)
+
+        status = _gpufleet("demo", "status", "--json")
+        assert status.returncode == 0
+        (engine,) = json.loads(status.stdout)["hosts"]["demo-gpu"]["engines"]
+        assert engine["serving"] and engine["model"] == "tiny-llama" and engine["port"] == 8001
+        assert isinstance(engine["kv_cache_usage"], float) and engine["running"] == 0
+
+        bench = _gpufleet(
+            "bench", url, "--concurrency", "1,2", "--requests", "4", "--output-tokens", "8", "--json",
+            env=dict(os.environ, GPUFLEET_API_KEY=key),
+        )  # fmt: skip
+        assert bench.returncode == 0
+        levels = json.loads(bench.stdout)["levels"]
+        assert [lv["ok"] for lv in levels] == [4, 4] and [lv["output_tokens"] for lv in levels] == [32, 32]
+
+        again = _gpufleet("demo", "up")
+        assert again.returncode == 0
+        assert re.search(r"^  demo-gpu\s+ok\s+\d+\s+changed\s+0\s", again.stdout, re.M), "second up changed something"
+        assert "A streamed answer through the proxy" in again.stdout
+    finally:
+        down = _gpufleet("demo", "down")
+    assert down.returncode == 0
+    assert _docker_lists() == before
+    assert not (cache_home / "gpufleet" / "demo" / "key").exists()
