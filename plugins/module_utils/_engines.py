@@ -641,8 +641,8 @@ def render(inst, gpu=None, host=None, defaults=None):
 
 def surge(inst, instances, plan_=None, gpu=None, host=None, defaults=None):
     """Can a copy of the instance, with its new settings, run beside the running one while it
-    restarts (start-before-stop)? {fits, why, port, gpus}; when it fits, also the copy's
-    docker_args, container and base_url. `inst` carries the planned options."""
+    restarts (start-before-stop)? {fits, why, port, gpus, need_mib (CPU), docker_args, container,
+    base_url}. `inst` carries the planned options."""
     defaults, host, gpu = defaults or {}, host or {}, gpu or {}
     port = surge_port(inst)
     out = {"fits": False, "port": port, "gpus": []}
@@ -650,19 +650,18 @@ def surge(inst, instances, plan_=None, gpu=None, host=None, defaults=None):
     gib = 2.0**30
     if defaults.get("surge", "auto") == "never":
         out["why"] = "engine_surge is never"
-        return out
-    if accelerator == "cpu":
+    elif accelerator == "cpu":
         available = host.get("memory_available_mib")
         weights = (plan_ or {}).get("weights_host_bytes")
+        # KV space + weights + 1 GiB for the runtime (torch, the server, the tokenizer)
+        need = int(inst.get("kv_cache_space_gib", 1)) * 2**30 + (weights or 0) + 2**30
+        out["need_mib"] = int(need / 2**20)
         if not available or weights is None:
             out["why"] = "the host's free memory or the model's size is unknown"
-            return out
-        # KV space + weights + 1 GiB for the runtime (torch, the server, the tokenizer)
-        need = int(inst.get("kv_cache_space_gib", 1)) * 2**30 + weights + 2**30
-        if need > available * 2**20:
+        elif need > available * 2**20:
             out["why"] = "a copy needs %.1f GiB of host memory, %.1f GiB is free" % (need / gib, available / 1024.0)
-            return out
-        out.update(fits=True, why="a copy needs %.1f GiB, %.1f GiB is free" % (need / gib, available / 1024.0))
+        else:
+            out.update(fits=True, why="a copy needs %.1f GiB, %.1f GiB is free" % (need / gib, available / 1024.0))
     else:
         devices = {d.get("index"): d for d in gpu.get("devices") or []}
         mine = list(inst.get("gpus") or [])
@@ -689,8 +688,11 @@ def surge(inst, instances, plan_=None, gpu=None, host=None, defaults=None):
                 if share
                 else "without a planned gpu_memory_utilization no second copy is planned on them",
             )
-            return out
-    copy = render(dict(inst, port=port, gpus=out["gpus"]), gpu=gpu, host=host, defaults=defaults)
+    # The copy's arguments are written whether or not it fits now (a CPU host's free memory
+    # changes from run to run; the file must not): where it would run, else the instance's GPUs.
+    copy = render(
+        dict(inst, port=port, gpus=out["gpus"] or inst.get("gpus") or []), gpu=gpu, host=host, defaults=defaults
+    )
     name = inst["name"]
     args = list(copy["docker_args"])
     args[args.index("gpufleet-%s" % name)] = "gpufleet-%s-surge" % name

@@ -318,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("-i", "--inventory", required=True, help="inventory file or folder")
     status.add_argument("-l", "--limit", help="only these hosts or groups")
+    status.add_argument("--vault-password-file", action="append", default=[], metavar="FILE")
+    status.add_argument("-J", "--ask-vault-pass", action="store_true", help="ask for the vault password")
     status.add_argument("--json", action="store_true", help="print the reports as one JSON object")
     status.set_defaults(func=cmd_status)
 
@@ -387,6 +389,7 @@ def _playbook_args(p: argparse.ArgumentParser) -> None:
 def _request(args: argparse.Namespace, playbook: str):
     from gpufleet.runner import RunRequest, parse_extravars
 
+    extravars, extravar_files = parse_extravars(args.extra_vars)
     return RunRequest(
         playbook=playbook,
         inventory=args.inventory,
@@ -395,7 +398,8 @@ def _request(args: argparse.Namespace, playbook: str):
         skip_tags=getattr(args, "skip_tags", None),
         check=getattr(args, "check", False),
         diff=getattr(args, "diff", False),
-        extravars=parse_extravars(args.extra_vars),
+        extravars=extravars,
+        extravar_files=extravar_files,
         vault_password_files=args.vault_password_file,
         ask_vault_pass=args.ask_vault_pass,
         verbose=args.verbose,
@@ -435,7 +439,16 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from gpufleet.runner import RunRequest, run_status
 
-    return run_status(RunRequest(playbook="status", inventory=args.inventory, limit=args.limit, json=args.json))
+    return run_status(
+        RunRequest(
+            playbook="status",
+            inventory=args.inventory,
+            limit=args.limit,
+            vault_password_files=args.vault_password_file,
+            ask_vault_pass=args.ask_vault_pass,
+            json=args.json,
+        )
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -143,7 +143,14 @@ def up(verbose: int = 0) -> int:
         "\nA streamed answer through the proxy (%s). The tiny model's weights are random, so its words are\n"
         "noise: the demo shows the path (proxy, engine, stream), not a model." % url
     )
-    stream_answer(url, key, "Say hello to a new gpufleet user.")
+    try:
+        stream_answer(url, key, "Say hello to a new gpufleet user.")
+    except Exception as exc:  # the client's errors: connection, HTTP status, timeout
+        _say(
+            "site.yml passed but the stream through %s failed (%s: %s); `gpufleet demo status` shows the engine"
+            % (url, type(exc).__name__, exc)
+        )
+        return 1
     took = time.monotonic() - started
     print(
         "\nThe demo is up (%.0f s).\n"

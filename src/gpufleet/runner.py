@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -50,34 +51,46 @@ def cache_dir() -> Path:
     return Path(base) / "gpufleet"
 
 
-def parse_extravars(values: list[str] | None) -> dict[str, Any]:
-    """-e as ansible-playbook takes it: KEY=VALUE pairs, @FILE (YAML/JSON) or a JSON/YAML mapping."""
-    out: dict[str, Any] = {}
+def parse_extravars(values: list[str] | None) -> tuple[dict[str, Any], list[str]]:
+    """-e as ansible-playbook takes it: ({variables given as data}, [files]). A JSON/YAML mapping
+    and KEY=VALUE pairs (Ansible's own parser, quotes kept) become data; @FILE stays a file that
+    ansible-playbook reads itself, so a vault-encrypted file works."""
+    from ansible.errors import AnsibleError
+    from ansible.parsing.splitter import parse_kv
+
+    data: dict[str, Any] = {}
+    files: list[str] = []
     for value in values or []:
         if value.startswith("@"):
             path = Path(value[1:]).expanduser()
-            try:
-                data = yaml.safe_load(path.read_text())
-            except OSError as exc:
-                raise UsageError("-e %s: cannot read %s (%s)" % (value, path, exc.strerror)) from None
-            except yaml.YAMLError as exc:
-                raise UsageError("-e %s: %s is not YAML/JSON (%s)" % (value, path, exc)) from None
-            if not isinstance(data, dict):
-                raise UsageError("-e %s: %s must hold a mapping of variables" % (value, path))
-            out.update(data)
+            if not path.is_file():
+                raise UsageError("-e %s: no such file %s" % (value, path))
+            files.append(str(path.resolve()))
         elif value.lstrip().startswith("{"):
             try:
-                data = yaml.safe_load(value)
+                parsed = yaml.safe_load(value)
             except yaml.YAMLError as exc:
                 raise UsageError("-e %r is not a JSON/YAML mapping (%s)" % (value, exc)) from None
-            out.update(data)
+            if not isinstance(parsed, dict):
+                raise UsageError("-e %r: give a mapping" % value)
+            data.update(parsed)
         else:
-            for pair in value.split():
-                key, sep, val = pair.partition("=")
-                if not sep or not key:
-                    raise UsageError("-e %r: give KEY=VALUE, @FILE or a JSON mapping" % pair)
-                out[key] = val
-    return out
+            try:
+                pairs = parse_kv(value)
+            except AnsibleError as exc:
+                raise UsageError("-e %r: %s" % (value, exc)) from None
+            if not pairs or "_raw_params" in pairs:
+                raise UsageError("-e %r: give KEY=VALUE, @FILE or a JSON mapping" % value)
+            data.update(pairs)
+    return data, files
+
+
+def _config_value(name: str, config_file: str | None) -> Any:
+    from ansible.config.manager import ConfigManager
+
+    if config_file and not Path(config_file).is_file():
+        config_file = None  # Ansible ignores a missing ANSIBLE_CONFIG file too
+    return ConfigManager(config_file).get_config_value(name)
 
 
 def settings_env(coll: Collection, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -99,6 +112,11 @@ def settings_env(coll: Collection, environ: dict[str, str] | None = None) -> dic
     for key in list(env):
         if key in environ and key.startswith("ANSIBLE_") and key != "ANSIBLE_COLLECTIONS_PATH":
             del env[key]  # the user's own setting wins
+    if "ANSIBLE_HOST_KEY_CHECKING" not in environ:
+        # ansible-runner sets it to False when the environment does not say: keep what the
+        # configuration in use says (gpufleet's ansible.cfg and Ansible's default: True)
+        config = environ.get("ANSIBLE_CONFIG") or env.get("ANSIBLE_CONFIG")
+        env["ANSIBLE_HOST_KEY_CHECKING"] = str(bool(_config_value("HOST_KEY_CHECKING", config)))
     return env
 
 
@@ -129,7 +147,7 @@ class Failure:
                 "that `ssh` to it works with your key." % (self.host, msg)
             )
         if self.kind == "preflight":
-            return "%s failed the preflight (nothing was changed on any host): %s" % (self.host, msg)
+            return "%s failed the preflight (before any change in this run): %s" % (self.host, msg)
         if self.kind == "readiness":
             name = self.instance or "its engine"
             return (
@@ -224,7 +242,9 @@ class RunView:
             path = data.get("task_path") or self._task_path
             if task.startswith(READINESS_TASKS):
                 kind = "readiness"
-            elif "preflight" in path or "preflight" in self.play.lower():
+            elif ("preflight" in path or "preflight" in self.play.lower()) and not any(
+                h.changed for h in self.hosts.values()
+            ):
                 kind = "preflight"
             else:
                 kind = "task"
@@ -287,6 +307,7 @@ class RunRequest:
     check: bool = False
     diff: bool = False
     extravars: dict[str, Any] = field(default_factory=dict)
+    extravar_files: list[str] = field(default_factory=list)
     vault_password_files: list[str] = field(default_factory=list)
     ask_vault_pass: bool = False
     verbose: int = 0
@@ -317,6 +338,8 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path) -> dict[
         cmdline += ["--vault-password-file", str(Path(path).expanduser().resolve())]
     if req.ask_vault_pass:
         cmdline.append("--ask-vault-pass")
+    for path in req.extravar_files:
+        cmdline += ["-e", "@" + path]
     if req.verbose > 1:
         cmdline.append("-" + "v" * (req.verbose - 1))
     kwargs: dict[str, Any] = {
@@ -326,9 +349,11 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path) -> dict[
         "envvars": settings_env(coll),
         "extravars": req.extravars,
         "quiet": req.verbose == 0,
+        # keep the fact cache of the configuration in use (ansible-runner would point it into the run)
+        "fact_cache_type": "",
     }
     if cmdline:
-        kwargs["cmdline"] = " ".join(cmdline)
+        kwargs["cmdline"] = shlex.join(cmdline)
     for key in ("limit", "tags", "skip_tags"):
         if getattr(req, key):
             kwargs[key] = getattr(req, key)
@@ -359,8 +384,11 @@ def _execute(req: RunRequest, view: RunView, err: TextIO) -> tuple[Any, Path] | 
     try:
         result = ansible_runner.run(event_handler=view.handle, **kwargs)
     finally:
-        # the extra vars may hold secrets (keys): they do not outlive the run
+        # the extra vars may hold secrets (keys), and ansible-runner writes the whole environment
+        # (tokens included) into artifacts/ID/command: neither outlives the run
         shutil.rmtree(private_dir / "env", ignore_errors=True)
+        for command in private_dir.glob("artifacts/*/command"):
+            command.unlink()
     return result, private_dir / "artifacts" / str(result.config.ident) / "stdout"
 
 

@@ -306,7 +306,8 @@ def test_surge_does_not_fit_when_the_gpus_are_full():
     # both GPUs of the 2x4090 are given to the instance, and the planned budget is high
     s = surge_of([chat()])["chat"]
     assert not s["fits"] and "no 2 idle GPUs" in s["why"] and "gpu_memory_utilization" in s["why"]
-    assert "docker_args" not in s
+    # its arguments are still written (stable from run to run), on the instance's own GPUs
+    assert '"device=0,1"' in s["docker_args"] and "gpufleet-chat-surge" in s["docker_args"]
 
 
 def test_surge_shares_the_gpus_when_two_budgets_fit():
@@ -333,6 +334,7 @@ def test_surge_on_cpu_follows_the_hosts_free_memory():
     tight = surge_of([cpu], host=dict(HOST, memory_available_mib=16 * 1024))["chat"]
     assert not tight["fits"] and "16.0 GiB is free" in tight["why"]
     assert not surge_of([cpu])["chat"]["fits"]  # free memory unknown: stop-before-start
+    assert roomy["docker_args"] == tight["docker_args"]  # the file does not follow free memory
 
 
 def test_surge_port_clashes_are_named():

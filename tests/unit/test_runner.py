@@ -70,12 +70,13 @@ def fake(monkeypatch, tmp_path):
 
 def test_extravars_pairs_files_and_json(tmp_path):
     f = tmp_path / "vars.yml"
-    f.write_text("engine_surge: never\nports: [1, 2]\n")
-    got = runner.parse_extravars(["a=1 b=two", "@%s" % f, '{"c": {"d": true}}'])
-    assert got == {"a": "1", "b": "two", "engine_surge": "never", "ports": [1, 2], "c": {"d": True}}
+    f.write_text("$ANSIBLE_VAULT;1.1;AES256\n6161\n")  # handed to ansible-playbook, never parsed here
+    data, files = runner.parse_extravars(["a=1 b=two", "msg='a b'", "@%s" % f, '{"c": {"d": true}}'])
+    assert data == {"a": "1", "b": "two", "msg": "a b", "c": {"d": True}}
+    assert files == [str(f)]
     with pytest.raises(runner.UsageError, match="KEY=VALUE"):
         runner.parse_extravars(["novalue"])
-    with pytest.raises(runner.UsageError, match="cannot read"):
+    with pytest.raises(runner.UsageError, match="no such file"):
         runner.parse_extravars(["@%s" % (tmp_path / "missing.yml")])
 
 
@@ -87,12 +88,12 @@ def test_runner_call_for_deploy_check_diff_and_vault(tmp_path):
     vault.write_text("pw\n")
     req = runner.RunRequest(
         playbook="site", inventory=str(inv), limit="gpu_hosts", tags="preflight", check=True, diff=True,
-        extravars={"x": 1}, vault_password_files=[str(vault)],
+        extravars={"x": 1}, extravar_files=[str(vault)], vault_password_files=[str(vault)],
     )  # fmt: skip
     kw = runner.runner_kwargs(req, coll, tmp_path / "runs")
     assert kw["playbook"] == str(coll.root / "playbooks" / "site.yml")
     assert kw["inventory"] == str(inv) and kw["limit"] == "gpu_hosts" and kw["tags"] == "preflight"
-    assert kw["cmdline"] == "--check --diff --vault-password-file %s" % vault
+    assert kw["cmdline"] == "--check --diff --vault-password-file %s -e @%s" % (vault, vault)
     assert kw["extravars"] == {"x": 1} and kw["quiet"] is True
     env = kw["envvars"]
     assert env["ANSIBLE_COLLECTIONS_PATH"].split(":")[0] == str(coll.collections_path)
@@ -100,12 +101,30 @@ def test_runner_call_for_deploy_check_diff_and_vault(tmp_path):
         runner.runner_kwargs(runner.RunRequest(playbook="site", inventory=str(tmp_path / "nope")), coll, tmp_path)
 
 
-def test_user_ansible_settings_win():
+def test_user_ansible_settings_win(tmp_path):
     coll = locate_collection()
-    env = runner.settings_env(coll, {"PATH": "/bin", "ANSIBLE_FORKS": "3", "ANSIBLE_CONFIG": "/etc/my.cfg"})
+    cfg = tmp_path / "my.cfg"
+    cfg.write_text("[defaults]\nhost_key_checking = false\n")
+    env = runner.settings_env(coll, {"PATH": "/bin", "ANSIBLE_FORKS": "3", "ANSIBLE_CONFIG": str(cfg)})
     assert "ANSIBLE_FORKS" not in env and "ANSIBLE_CONFIG" not in env  # inherited unchanged
+    assert env["ANSIBLE_HOST_KEY_CHECKING"] == "False"  # what their configuration says
     env = runner.settings_env(coll, {"PATH": "/bin"})
     assert env["ANSIBLE_CONFIG"] == str(coll.root / "ansible.cfg")  # a checkout's own settings
+
+
+def test_the_environment_ansible_runner_builds_keeps_host_keys_checked_and_our_fact_cache(tmp_path):
+    # ansible-runner turns host key checking off and moves the fact cache into the run unless told
+    from ansible_runner.config.runner import RunnerConfig
+
+    coll = locate_collection()
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    (tmp_path / "run").mkdir()
+    kw = runner.runner_kwargs(runner.RunRequest(playbook="site", inventory=str(inv)), coll, tmp_path / "run")
+    config = RunnerConfig(**{k: v for k, v in kw.items() if k != "quiet"})
+    config.prepare()
+    assert config.env["ANSIBLE_HOST_KEY_CHECKING"] == "True"
+    assert config.env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] == str(coll.root / ".cache" / "facts")
 
 
 def test_deploy_success_prints_per_host_counts(fake, tmp_path, capsys):
@@ -158,7 +177,7 @@ def test_failures_end_in_sentences_with_cause_fix_and_log(fake, tmp_path, capsys
     rc = cli.main(["deploy", "-i", str(inv)])
     err = capsys.readouterr().err
     assert rc == 2
-    assert "gpu-a failed the preflight (nothing was changed on any host): gpufleet_engines[0].port=8001" in err
+    assert "gpu-a failed the preflight (before any change in this run): gpufleet_engines[0].port=8001" in err
     assert "gpu-b is unreachable: ssh: timed out. Fix: check ansible_host" in err
     assert "gpu-c: engine instance chat never became ready" in err and "journalctl -u gpufleet-engine@chat" in err
     assert "Full log: " in err and err.rstrip().endswith("run-1/stdout")
