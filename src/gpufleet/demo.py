@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -104,6 +105,32 @@ def stream_answer(base_url: str, key: str, prompt: str, out=None) -> str:
     return "".join(text)
 
 
+def _cli() -> str:
+    """How to call this CLI from the user's shell: `gpufleet` when it is on PATH, else its path."""
+    here = Path(sys.executable).parent / "gpufleet"
+    on_path = shutil.which("gpufleet")
+    return "gpufleet" if on_path and Path(on_path).resolve() == here.resolve() else str(here)
+
+
+def ready_screen(url: str, key: str, took: float) -> str:
+    """What `demo up` ends with: the endpoint, the key, a curl line and the next commands."""
+    cli, keyfile = _cli(), state_dir() / "key"
+    body = '{"model": "%s", "messages": [{"role": "user", "content": "Hello"}], "stream": true}' % MODEL
+    return "\n".join(
+        [
+            "",
+            "The demo is up (%.0f s)." % took,
+            "  endpoint  %s/v1  (OpenAI-compatible; model %s)" % (url, MODEL),
+            "  key       %s  (kept in %s)" % (key, keyfile),
+            "  try       curl -N %s/v1/chat/completions -H 'Authorization: Bearer %s' "
+            "-H 'Content-Type: application/json' -d '%s'" % (url, key, body),
+            "  status    %s demo status" % cli,
+            "  bench     GPUFLEET_API_KEY=$(cat %s) %s bench %s" % (keyfile, cli, url),
+            "  remove    %s demo down" % cli,
+        ]
+    )
+
+
 def up(verbose: int = 0) -> int:
     started = time.monotonic()
     inventory = _inventory()
@@ -151,19 +178,7 @@ def up(verbose: int = 0) -> int:
             % (url, type(exc).__name__, exc)
         )
         return 1
-    took = time.monotonic() - started
-    print(
-        "\nThe demo is up (%.0f s).\n"
-        "  endpoint  %s/v1  (OpenAI-compatible; model %s)\n"
-        "  key       %s  (kept in %s)\n"
-        "  try       curl -N %s/v1/chat/completions -H 'Authorization: Bearer %s' "
-        "-H 'Content-Type: application/json' "
-        '-d \'{"model": "%s", "messages": [{"role": "user", "content": "Hello"}], "stream": true}\'\n'
-        "  status    gpufleet demo status\n"
-        "  bench     GPUFLEET_API_KEY=$(cat %s) gpufleet bench %s\n"
-        "  remove    gpufleet demo down"
-        % (took, url, MODEL, key, state_dir() / "key", url, key, MODEL, state_dir() / "key", url)
-    )
+    print(ready_screen(url, key, time.monotonic() - started))
     return 0
 
 

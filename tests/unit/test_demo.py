@@ -1,0 +1,22 @@
+"""The screen `gpufleet demo up` ends with (the demo itself runs in tests/labtests/test_demo.py)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from gpufleet import demo
+
+
+def test_ready_screen_gives_a_curl_line_that_parses_and_commands_that_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(demo.shutil, "which", lambda name: None)  # a fresh clone: .venv not activated
+    screen = demo.ready_screen("http://172.18.0.2:8080", "k-123", 53.4)
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in screen.strip().splitlines()[1:]}
+    curl = shlex.split(lines["try"])
+    assert curl[:3] == ["curl", "-N", "http://172.18.0.2:8080/v1/chat/completions"]
+    assert "Authorization: Bearer k-123" in curl and '"stream": true' in curl[-1]
+    cli = str(Path(sys.executable).parent / "gpufleet")
+    assert lines["status"] == "%s demo status" % cli and lines["remove"] == "%s demo down" % cli
+    assert str(tmp_path / "gpufleet" / "demo" / "key") in lines["key"] and "(53 s)" in screen
