@@ -73,7 +73,13 @@ def _say(msg: str) -> None:
 
 
 def harness(*args: str) -> str:
-    return _run([str(collection_root() / "tests" / "lab" / "harness.sh"), *args]).stdout.strip()
+    script = collection_root() / "tests" / "lab" / "harness.sh"
+    if not script.is_file():
+        raise LabError(
+            "the lab is built from a checkout's tests/lab, which an installed gpufleet does not carry; "
+            "run `gpufleet lab` and `gpufleet demo` from a clone of gpufleet (make setup)"
+        )
+    return _run([str(script), *args]).stdout.strip()
 
 
 def load_inventory(source: Path) -> tuple[dict[str, dict], dict[str, list[str]]]:

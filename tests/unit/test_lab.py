@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gpufleet import lab
@@ -66,3 +67,9 @@ def test_lab_engines_keep_names_ports_and_served_names_and_run_the_tiny_model_on
         }
     ]
     assert lab.lab_engines([{"name": "x", "model": "m"}], "i", "t")[0]["served_model_name"] == "x"
+
+
+def test_the_lab_needs_a_checkout(monkeypatch, tmp_path):
+    monkeypatch.setattr(lab, "collection_root", lambda: tmp_path)  # an installed copy: no tests/lab
+    with pytest.raises(lab.LabError, match="from a clone of gpufleet"):
+        lab.harness("image", "host")
