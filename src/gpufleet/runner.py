@@ -29,7 +29,7 @@ from gpufleet._collection import Collection, locate_collection
 DEFAULT_SETTINGS = {
     "ANSIBLE_FORKS": "20",
     "ANSIBLE_GATHERING": "smart",
-    "ANSIBLE_FACT_CACHING": "jsonfile",
+    "ANSIBLE_CACHE_PLUGIN": "jsonfile",
     "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "3600",
     "ANSIBLE_PIPELINING": "true",
     "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s -o PreferredAuthentications=publickey",

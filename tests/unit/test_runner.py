@@ -233,3 +233,17 @@ def test_each_run_gets_its_own_private_folder_and_its_inputs_are_removed(fake, t
     first, second = (Path(k["private_data_dir"]) for k in seen)
     assert first != second and "cmdline" not in seen[1]
     assert not (first / "env").exists() and not (second / "env").exists()
+
+
+def test_the_defaults_for_an_installed_copy_are_settings_ansible_knows():
+    # an installed copy has no ansible.cfg: these environment variables stand in for it
+    from ansible.config.manager import ConfigManager
+
+    manager = ConfigManager()
+    core = {e["name"] for d in manager._base_defs.values() for e in (d.get("env") or [])}
+    plugin_options = {"ANSIBLE_SSH_ARGS", "ANSIBLE_PIPELINING", "ANSIBLE_CALLBACK_RESULT_FORMAT"}
+    assert set(runner.DEFAULT_SETTINGS) - plugin_options <= core
+    coll = locate_collection()
+    installed = type(coll)(root=coll.root, collections_path=coll.collections_path, packaged=True)
+    env = runner.settings_env(installed, {"PATH": "/bin"})
+    assert env["ANSIBLE_CACHE_PLUGIN"] == "jsonfile" and "ANSIBLE_CONFIG" not in env
