@@ -1,6 +1,7 @@
 # gpufleet: one entry point for people and CI.
 #   make demo      the whole stack on this machine without a GPU (gpufleet demo up); make demo-down
-#   make test      everything CI runs: installs what is missing, then unit, lint, molecule
+#   make test      everything CI runs: installs what is missing, then unit, lint, labtests, molecule;
+#                  prints each tier's duration at the end
 #   make fast      the fast tier (unit + lint), a couple of minutes
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
 #   make bench-stream  the streaming benchmark (direct vs gpufleet proxy vs stock nginx)
@@ -14,16 +15,17 @@ VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
-# Molecule scenarios to run (default: all under extensions/molecule/).
+# Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
 .PHONY: demo demo-down test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet fleet-lab lab clean-lab constraints build-collection
 
-test: setup lab
-	@$(MAKE) --no-print-directory unit lint labtests molecule
+# Each tier's duration is printed at the end (tests/tiers.sh), passed or not.
+test:
+	@tests/tiers.sh setup lab unit lint labtests molecule
 
-fast: setup
-	@$(MAKE) --no-print-directory unit lint
+fast:
+	@tests/tiers.sh setup unit lint
 
 # One command from a fresh machine to a streaming endpoint (installs what it needs, cached).
 demo: setup
@@ -56,14 +58,15 @@ unit: $(STAMP)
 # Tests that need the lab's Docker engine and images, outside Molecule (e.g. every rendered
 # vLLM command line through vLLM's own argument parser).
 labtests: $(STAMP) lab
-	$(BIN)/pytest -q tests/labtests
+	$(BIN)/pytest -q --durations=0 tests/labtests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tests/lint/check_argument_specs.py
-	$(BIN)/python -m gpufleet.roledocs --check
+	$(BIN)/python tools/roledocs.py --check
 	$(BIN)/ansible-lint --profile production
+	BIN=$(BIN) tests/sanity/run.sh
 
 molecule: $(STAMP) lab
 	@if [ -n "$(SCENARIO)" ]; then \

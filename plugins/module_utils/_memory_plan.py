@@ -5,7 +5,7 @@
 settings that make it fit. Pure Python, no torch.
 
 One implementation behind `gpufleet plan`, the memory_plan filter and the engine role's
-preflight. It combines the model arithmetic of _planner.py into the budget the engines
+preflight. It combines the model arithmetic of _model_shape.py into the budget the engines
 themselves compute at startup, then chooses the settings the user did not pin:
 
 vLLM (V1 engine, vllm/v1/worker/gpu_worker.py determine_available_memory, v0.21+):
@@ -23,7 +23,15 @@ vLLM on CPU: the KV cache is VLLM_CPU_KVCACHE_SPACE, nothing else is budgeted.
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.serving.plugins.module_utils import _planner as model
+from dataclasses import dataclass
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _model_shape as shape
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+    OPTIONS,
+    engine_flags,
+    option_for,
+    plan_pins,
+)
 
 GIB = 2**30
 MIB = 2**20
@@ -93,22 +101,11 @@ DEFAULT_CONCURRENCY = 8
 # by the model): shorter than 8k is of little use for chat and RAG endpoints.
 MIN_CONTEXT = 8192
 
-PIN_KEYS = (
-    "tensor_parallel_size",
-    "dtype",
-    "quantization",
-    "kv_cache_dtype",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "gpu_memory_utilization",
-    "mem_fraction_static",
-    "enforce_eager",
-    "context_length",
-    "max_running_requests",
-    "chunked_prefill_size",
-    "rope_scaling",
-)
+# What a plan can be pinned with: every engine option the plan knows (either engine's name
+# of it: _engine_options.OPTIONS, those with a plan_key), and these, which only the planner reads.
+PLANNER_PINS = ("rope_scaling",)
+# Pin values only the planner takes: quantization none (refuse a quantized checkpoint).
+PLANNER_CHOICES = {"quantization": ("none",)}
 
 
 class PlanInputError(ValueError):
@@ -124,7 +121,7 @@ def model_max_len(config, rope_scaling=None):
     _get_and_verify_max_len reads it; Llama 3.1 and Qwen2.5 already state their scaled
     length there). A pinned rope_scaling {factor, original_max_position_embeddings} extends
     it, which is how vLLM accepts a longer max_model_len (--hf-overrides)."""
-    config = model._text_config(config)
+    config = shape.text_config(config)
     limit = config.get("max_position_embeddings") or config.get("max_sequence_length") or config.get("seq_length")
     if not isinstance(limit, int) or limit <= 0:
         raise PlanInputError("config.json has no max_position_embeddings")
@@ -146,11 +143,11 @@ def activation_peak(config, tensor_parallel_size, tokens, seqs, dtype_bytes):
     reproduces the 1.21 GiB measured for Mixtral 8x7B at TP 2 (llm-d-planner report, v0.19).
     Sampler (_dummy_sampler_run): SAMPLER_BYTES_PER_LOGIT per logit of [S, padded vocab].
     """
-    config = model._text_config(config)
+    config = shape.text_config(config)
     tp = int(tensor_parallel_size)
     hidden = int(config["hidden_size"])
-    vocab = model._padded_vocab(config["vocab_size"])
-    moe = model._moe(config)
+    vocab = shape.padded_vocab(config["vocab_size"])
+    moe = shape.moe_shape(config)
     dense = 2 * hidden + 3 * int(config.get("intermediate_size") or 0) // tp
     if moe:
         top_k = int(config.get("num_experts_per_tok") or 2)
@@ -175,7 +172,7 @@ def cudagraph_memory(config, tensor_parallel_size, max_num_seqs, max_num_batched
     """CUDA graph memory per GPU, which vLLM's profiler estimates and takes from the KV
     budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default since v0.21): the pool
     for the largest captured batch plus a per-graph, per-layer cost, FULL and PIECEWISE."""
-    config = model._text_config(config)
+    config = shape.text_config(config)
     sizes = capture_sizes(max_num_seqs, max_num_batched_tokens)
     layers = int(config["num_hidden_layers"])
     pool = activation_peak(config, tensor_parallel_size, sizes[-1], 0, dtype_bytes)
@@ -197,17 +194,10 @@ def _round_down(value, step):
 
 
 def _pins(pins):
-    """Engine-neutral pins: SGLang's names fold into vLLM's."""
-    pins = dict(pins or {})
-    for sglang_key, key in (
-        ("context_length", "max_model_len"),
-        ("max_running_requests", "max_num_seqs"),
-        ("chunked_prefill_size", "max_num_batched_tokens"),
-        ("mem_fraction_static", "gpu_memory_utilization"),
-    ):
-        if pins.get(sglang_key) is not None and pins.get(key) is None:
-            pins[key] = pins[sglang_key]
-    return {k: v for k, v in pins.items() if v is not None}
+    """Engine-neutral pins: SGLang's names fold into vLLM's (_engine_options.plan_pins)."""
+    pins = {k: v for k, v in (pins or {}).items() if v is not None}
+    neutral = plan_pins({k: v for k, v in pins.items() if k in OPTIONS})
+    return dict({k: v for k, v in pins.items() if k in PLANNER_PINS}, **neutral)
 
 
 def plan_memory(
@@ -221,12 +211,13 @@ def plan_memory(
     kv_space_bytes=None,
     gpu_name=None,
 ):
-    """The memory plan for one engine instance. Returns a dict (see plan_fields) with
-    `fits`, `errors`, `warnings`, `reasons` and `options` (the engine options to pass).
+    """The memory plan for one engine instance. Returns a dict with `fits`, `errors`,
+    `warnings`, `reasons`, `options` (the engine options to pass) and `engine_args` (the
+    same in the engine's own flags), and the figures behind them (see _budget).
 
-    config: a config.json dict (load with _planner.load_model_config); gpus: how many GPUs
+    config: a config.json dict (load with _model_shape.load_model_config); gpus: how many GPUs
     the instance may use; gpu_memory_bytes: memory of each (the smallest when they differ);
-    pins: engine options the user fixed (planner keys in PIN_KEYS); concurrency: how many
+    pins: engine options the user fixed (either engine's names) and PLANNER_PINS; concurrency: how many
     full-length requests must fit at once (default: max_num_seqs when pinned, else 8);
     kv_space_bytes: the KV cache space of a CPU instance.
     """
@@ -238,14 +229,10 @@ def plan_memory(
         raise PlanInputError("the GPU memory size is unknown; give it (gpu_memory_gib)")
     gpus = int(gpus or 1)
     try:
-        quant = model.quantization_of(config, pins.get("quantization"))
-    except model.ModelConfigError as exc:
+        quant = shape.quantization_of(config, pins.get("quantization"))
+    except shape.ModelConfigError as exc:
         return _refused(config, pins, engine, ["quantization: %s." % exc], gpus, gpu_memory_bytes)
-    dtype = model.model_dtype(config, pins.get("dtype", "auto"))
-    if dtype == "float32":  # vLLM's 'auto' runs float32 checkpoints in bfloat16 on GPUs
-        dtype = "bfloat16"
-    if quant["method"] in ("awq", "gptq") and dtype == "bfloat16" and not pins.get("dtype"):
-        dtype = "float16"
+    dtype = shape.weight_dtype(config, quant, pins.get("dtype", "auto"), on_gpu=True)
     kv_dtype = pins.get("kv_cache_dtype", "auto")
     block = BLOCK_SIZE[(engine, accelerator)]
     limit = model_max_len(config, pins.get("rope_scaling"))
@@ -266,17 +253,17 @@ def plan_memory(
     seqs = pins.get("max_num_seqs", defaults["max_num_seqs"])
     target = int(concurrency or pins.get("max_num_seqs") or DEFAULT_CONCURRENCY)
 
-    heads, _kv_heads, _ = model.attention_shape(config)
+    heads, _kv_heads, _head_dim = shape.attention_shape(config)
     if pins.get("tensor_parallel_size"):
         candidates = [int(pins["tensor_parallel_size"])]
-        errors.extend(model.parallel_errors(config, candidates[0], 1, where="tensor_parallel_size", engine=engine))
+        errors.extend(shape.parallel_errors(config, candidates[0], 1, where="tensor_parallel_size", engine=engine))
         if candidates[0] > gpus:
             errors.append(
                 "tensor_parallel_size=%d needs %d GPUs, but the instance has %d; give it more GPUs or lower TP."
                 % (candidates[0], candidates[0], gpus)
             )
     else:
-        candidates = [n for n in range(1, gpus + 1) if not model.parallel_errors(config, n, 1)]
+        candidates = [n for n in range(1, gpus + 1) if not shape.parallel_errors(config, n, 1)]
         if not candidates:
             errors.append(
                 "no tensor_parallel_size from 1 to %d divides the model's %d attention heads." % (gpus, heads)
@@ -285,28 +272,22 @@ def plan_memory(
         return _refused(config, pins, engine, errors, gpus, gpu_memory_bytes)
 
     eager_options = [pins["enforce_eager"]] if "enforce_eager" in pins else [False, True]
-    tried = []
-    for tp in candidates:
-        for eager in eager_options:
-            tried.append(
-                _budget(
-                    config,
-                    engine,
-                    tp,
-                    eager,
-                    dtype,
-                    kv_dtype,
-                    quant,
-                    block,
-                    gpu_memory_bytes,
-                    tokens,
-                    seqs,
-                    limit,
-                    pinned_len,
-                    target,
-                    pins,
-                )
-            )
+    layout = Layout(
+        config=config,
+        engine=engine,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        quant=quant,
+        block=block,
+        total=gpu_memory_bytes,
+        tokens=tokens,
+        seqs=seqs,
+        limit=limit,
+        pinned_len=pinned_len,
+        target=target,
+        pins=pins,
+    )
+    tried = [_budget(layout, tp, eager) for tp in candidates for eager in eager_options]
     result, why = _choose(tried, pins, target)
     reasons.extend(why)
     _explain(result, engine, pins, limit, target, gpus, warnings)
@@ -319,14 +300,37 @@ def plan_memory(
     result["gpu_memory_bytes"] = int(gpu_memory_bytes)
     result["model"] = _model_summary(config, quant, dtype, limit)
     result["options"] = _options(result, engine, pins)
+    result["engine_args"] = engine_flags(result["options"], engine)
     return result
 
 
-def _budget(
-    config, engine, tp, eager, dtype, kv_dtype, quant, block, total, tokens, seqs, limit, pinned_len, target, pins
-):
-    dbytes = model.DTYPE_BYTES[dtype]
-    weights = model.weights_per_gpu(config, tp, dtype, quant)["total"]
+@dataclass(frozen=True)
+class Layout:
+    """What every budget of one plan shares; _budget tries it at each TP, with and without
+    CUDA graphs."""
+
+    config: dict
+    engine: str
+    dtype: str  # the weights' dtype
+    kv_dtype: str
+    quant: dict  # _model_shape.quantization_of
+    block: int  # KV cache page size, tokens
+    total: int  # CUDA-visible bytes of one GPU
+    tokens: int  # max_num_batched_tokens
+    seqs: int  # max_num_seqs (SGLang: the largest CUDA-graph batch)
+    limit: int  # the model's longest context
+    pinned_len: object  # the pinned max_model_len, or None
+    target: int  # full-length requests the plan aims to fit at once
+    pins: dict
+
+
+def _budget(layout, tp, eager):
+    """One GPU's budget at tensor-parallel size `tp`, with CUDA graphs unless `eager`."""
+    config, engine, dtype, kv_dtype = layout.config, layout.engine, layout.dtype, layout.kv_dtype
+    quant, block, total, tokens, seqs = layout.quant, layout.block, layout.total, layout.tokens, layout.seqs
+    limit, pinned_len, target, pins = layout.limit, layout.pinned_len, layout.target, layout.pins
+    dbytes = shape.DTYPE_BYTES[dtype]
+    weights = shape.weights_per_gpu(config, tp, dtype, quant)["total"]
     acts = activation_peak(config, tp, tokens, seqs, dbytes)
     graphs = 0 if eager else cudagraph_memory(config, tp, seqs, tokens, dbytes)
     if engine == "sglang" and not eager:  # captures batch sizes up to cuda_graph_max_bs, one graph each
@@ -336,7 +340,7 @@ def _budget(
             + seqs // 8 * int(config.get("num_hidden_layers") or 0) * GRAPH_PER_LAYER_PER_GRAPH
         )
     outside = CUDA_CONTEXT + nccl_memory(tp)
-    bpt = model.kv_bytes_per_token(config, tp, kv_dtype, dtype)
+    bpt = shape.kv_bytes_per_token(config, tp, kv_dtype, dtype)
     errors, warnings, reasons = [], [], []
     pinned_util = pins.get("gpu_memory_utilization")
     if engine == "vllm":
@@ -376,7 +380,7 @@ def _budget(
                 )
             )
     kv = max(kv, 0)
-    kv_tokens = model.kv_cache_tokens(kv, bpt, block) if kv > 0 else 0
+    kv_tokens = shape.kv_cache_tokens(kv, bpt, block) if kv > 0 else 0
     result = {
         "engine": engine,
         "tensor_parallel_size": tp,
@@ -408,6 +412,7 @@ def _budget(
         result["max_concurrency"] = 0.0
         result["level"] = 0
         shortfall = need + bpt * block - total * util
+        result["shortfall_bytes_per_gpu"] = int(max(shortfall, 0))
         result["errors"].append(
             "TP=%d: the weights (%s per GPU)%s leave no room for the KV cache in the %s budget (%s x %s); "
             "short by %s. %s"
@@ -473,7 +478,10 @@ def _explain(r, engine, pins, limit, target, gpus, warnings):
                 if gpus == 1
                 else "the smallest of %d GPUs that meets the target" % gpus
                 if r["level"] == 3
-                else "the size of %d GPUs with the most KV room" % gpus,
+                else "the size of %d GPUs with the most KV room" % gpus
+                if r["level"] > 0
+                else "of %d GPUs the closest to fitting, and still %s short per GPU"
+                % (gpus, _gib(r.get("shortfall_bytes_per_gpu", 0))),
             ),
         )
     util_key = "gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static"
@@ -595,9 +603,14 @@ def _choose(tried, pins, target):
         best = met[0]
     else:
         top = max(r["level"] for r in picks)
-        best = max(
-            (r for r in picks if r["level"] == top), key=lambda r: (r["max_concurrency"], -r["tensor_parallel_size"])
-        )
+        if top == 0:
+            # nothing leaves KV room: the best it could do is the layout closest to fitting
+            best = min(picks, key=lambda r: (r["shortfall_bytes_per_gpu"], r["tensor_parallel_size"]))
+        else:
+            best = max(
+                (r for r in picks if r["level"] == top),
+                key=lambda r: (r["max_concurrency"], -r["tensor_parallel_size"]),
+            )
     for r in picks:
         if r["tensor_parallel_size"] < best["tensor_parallel_size"]:
             why.append(
@@ -614,11 +627,12 @@ def _choose(tried, pins, target):
 
 
 def _refused(config, pins, engine, errors, gpus, gpu_memory_bytes):
+    """A plan that cannot be made (its errors say why)."""
     try:
         summary = _model_summary(
-            config, model.quantization_of(config), model.model_dtype(config), model_max_len(config)
+            config, shape.quantization_of(config), shape.model_dtype(config), model_max_len(config)
         )
-    except (model.ModelConfigError, PlanInputError, KeyError, TypeError, ValueError):
+    except (shape.ModelConfigError, PlanInputError, KeyError, TypeError, ValueError):
         summary = {}
     return {
         "engine": engine,
@@ -636,15 +650,16 @@ def _refused(config, pins, engine, errors, gpus, gpu_memory_bytes):
         "max_model_len": pins.get("max_model_len"),
         "max_concurrency": 0.0,
         "options": {},
+        "engine_args": {},
     }
 
 
 def _model_summary(config, quant, dtype, limit):
-    config = model._text_config(config)
-    heads, kv_heads, layers = model.attention_shape(config)
+    config = shape.text_config(config)
+    heads, kv_heads, layers = shape.attention_shape(config)
     return {
         "architecture": (config.get("architectures") or ["?"])[0],
-        "parameters": model.parameter_count(config),
+        "parameters": shape.parameter_count(config),
         "layers": layers,
         "attention_heads": heads,
         "kv_heads": kv_heads,
@@ -656,30 +671,27 @@ def _model_summary(config, quant, dtype, limit):
 
 
 def _options(result, engine, pins):
-    """The engine options the plan sets (gpufleet_engines option names)."""
+    """The engine options the plan sets, in the engine's own option names (gpufleet_engines)."""
     if not result.get("fits"):
         return {}
-    opts = {"tensor_parallel_size": result["tensor_parallel_size"]}
-    if engine == "vllm":
-        opts.update(
-            max_model_len=result["max_model_len"],
-            max_num_seqs=result["max_num_seqs"],
-            max_num_batched_tokens=result["max_num_batched_tokens"],
-            gpu_memory_utilization=result["gpu_memory_utilization"],
-        )
-    else:
-        opts.update(
-            context_length=result["max_model_len"],
-            chunked_prefill_size=result["max_num_batched_tokens"],
-            mem_fraction_static=result["gpu_memory_utilization"],
-        )
-        if pins.get("max_num_seqs"):
-            opts["max_running_requests"] = pins["max_num_seqs"]
-    if result["enforce_eager"]:
-        opts["enforce_eager"] = True
+    chosen = {
+        "tensor_parallel_size": result["tensor_parallel_size"],
+        "max_model_len": result["max_model_len"],
+        # SGLang sizes its request pool itself: the plan's max_num_seqs there is the largest
+        # CUDA-graph batch, so only a pinned value is passed on.
+        "max_num_seqs": result["max_num_seqs"] if engine == "vllm" else pins.get("max_num_seqs"),
+        "max_num_batched_tokens": result["max_num_batched_tokens"],
+        "gpu_memory_utilization": result["gpu_memory_utilization"],
+        "enforce_eager": True if result["enforce_eager"] else None,
+    }
     for key in ("dtype", "quantization", "kv_cache_dtype"):
         if pins.get(key) not in (None, "auto", "none"):
-            opts[key] = pins[key]
+            chosen[key] = pins[key]
+    opts = {}
+    for key, value in chosen.items():
+        option = option_for(key, engine)
+        if option is not None and value is not None:
+            opts[option.name] = value
     return opts
 
 
@@ -688,11 +700,11 @@ def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reaso
     blocks; the weights live in host memory outside that space."""
     if not kv_space_bytes:
         raise PlanInputError("a CPU instance needs its KV cache space (kv_cache_space_gib)")
-    dtype = model.model_dtype(config, pins.get("dtype", "auto"))
+    dtype = shape.model_dtype(config, pins.get("dtype", "auto"))
     kv_dtype = pins.get("kv_cache_dtype", "auto")
     block = BLOCK_SIZE[("vllm", "cpu")]
-    bpt = model.kv_bytes_per_token(config, 1, kv_dtype, dtype)
-    tokens = model.kv_cache_tokens(kv_space_bytes, bpt, block)
+    bpt = shape.kv_bytes_per_token(config, 1, kv_dtype, dtype)
+    tokens = shape.kv_cache_tokens(kv_space_bytes, bpt, block)
     limit = model_max_len(config, pins.get("rope_scaling"))
     target = int(concurrency or pins.get("max_num_seqs") or DEFAULT_CONCURRENCY)
     mml = pins.get("max_model_len")
@@ -726,12 +738,12 @@ def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reaso
         "block_size": block,
         "weights_bytes_per_gpu": None,
         # host memory the weights take beside the KV space (unquantized: parameters x dtype)
-        "weights_host_bytes": int(model.parameter_count(config) * model.DTYPE_BYTES.get(dtype, 2)),
+        "weights_host_bytes": int(shape.parameter_count(config) * shape.DTYPE_BYTES.get(dtype, 2)),
         "kv_cache_bytes_per_gpu": int(kv_space_bytes),
         "kv_bytes_per_token_per_gpu": int(bpt),
         "kv_cache_tokens": int(tokens),
         "max_model_len": int(mml),
-        "max_concurrency": round(model.logged_kv_tokens(tokens // block, block, mml) / float(mml), 2) if mml else 0.0,
+        "max_concurrency": round(shape.logged_kv_tokens(tokens // block, block, mml) / float(mml), 2) if mml else 0.0,
         "target_concurrency": target,
         "errors": errors,
         "warnings": warnings,
@@ -740,22 +752,9 @@ def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reaso
         "enforce_eager": pins.get("enforce_eager", False),
     }
     result["options"] = {"max_model_len": int(mml)} if not errors else {}
+    result["engine_args"] = engine_flags(result["options"], "vllm")
     result["model"] = _model_summary(config, {"method": None}, dtype, limit)
     return result
-
-
-def engine_args(options, engine="vllm"):
-    """{flag: value} for the options a plan sets, with the engine's own flag names
-    (the same table the engine role renders its command line from)."""
-    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import OPTIONS
-
-    args = {}
-    for key, value in options.items():
-        _, _, vflag, sflag = OPTIONS[key]
-        flag = vflag if engine == "vllm" else sflag
-        if flag:
-            args[flag] = value
-    return args
 
 
 def usable_bytes(nvidia_smi_total_mib=None, gib=None):

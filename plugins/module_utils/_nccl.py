@@ -48,10 +48,10 @@ RULES = {
         "LOC, NVL, PIX, PXB, PHB, SYS or a number",
     ),
     "NCCL_SOCKET_IFNAME": (
-        lambda v: bool(IFNAME_LIST.match(v)),
+        lambda v: bool(IFNAME_LIST.fullmatch(v)),
         "interface names or prefixes, e.g. eth0 or ^docker,lo",
     ),
-    "NCCL_IB_HCA": (lambda v: bool(IFNAME_LIST.match(v)), "HCA names, e.g. mlx5_0:1,mlx5_1:1 or ^mlx5_2"),
+    "NCCL_IB_HCA": (lambda v: bool(IFNAME_LIST.fullmatch(v)), "HCA names, e.g. mlx5_0:1,mlx5_1:1 or ^mlx5_2"),
     "CUDA_DEVICE_ORDER": (lambda v: v in ("PCI_BUS_ID", "FASTEST_FIRST"), "PCI_BUS_ID or FASTEST_FIRST"),
 }
 # Keys a host-wide file must not set: they belong to each engine instance.
@@ -87,7 +87,7 @@ def validate_pair(layer, key, value):
         layer,
         " (host_vars)" if layer == "nccl_env_host" else " (group_vars)" if layer == "nccl_env_group" else "",
     )
-    if not isinstance(key, str) or not KEY_PATTERN.match(key):
+    if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
         return (
             "%s: key %r is not an NCCL/CUDA variable name (expected NCCL_*, CUDA_* or TORCH_NCCL_*, "
             "upper case). Fix or remove it in %s." % (layer, key, where)
@@ -98,7 +98,7 @@ def validate_pair(layer, key, value):
     if text is None:
         hint = " (write 0 or 1, not true/false)" if isinstance(value, bool) else ""
         return "%s: %s = %r is not a string or number%s. Fix it in %s." % (layer, key, value, hint, where)
-    if not SAFE_VALUE.match(text):
+    if not SAFE_VALUE.fullmatch(text):
         return (
             "%s: %s = %r contains characters that systemd, docker --env-file and sh read differently "
             "(spaces, quotes, $, ;, newlines). Fix it in %s." % (layer, key, text, where)

@@ -87,7 +87,13 @@ def parse_query_gpu_csv(text, fields=None):
     that was passed to ``--query-gpu`` in order. Returns a list of dicts keyed by field
     name; numeric units are stripped (``24564 MiB`` -> ``24564``); unknown -> None.
     """
-    rows = [r for r in csv.reader(io.StringIO(strip_ansi(text))) if any(c.strip() for c in r)]
+    # Line ends as nvidia-smi or a terminal left them (CRLF, a bare CR): csv refuses a bare CR
+    # inside a row ("new-line character seen in unquoted field").
+    text = strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n")
+    try:
+        rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
+    except csv.Error:
+        return []
     if not rows:
         return []
     header = [c.strip() for c in rows[0]]
@@ -193,7 +199,7 @@ def _parse_matrix(text):
             cut = min(cut, pos)
             extra_names.append((pos, name))
     device_part = header[:cut]
-    extra_names = [name for _, name in sorted(extra_names)]
+    extra_names = [name for _pos, name in sorted(extra_names)]
     columns = device_part.split()
     rows = {}
     for line in lines[start:]:
@@ -255,10 +261,10 @@ def parse_topo_matrix(text):
 
 def parse_topo_p2p(text):
     """Parse ``nvidia-smi topo -p2p r`` (or w/n/a/p): {"i,j": status} for i != j."""
-    columns, rows, _ = _parse_matrix(strip_ansi(text))
+    columns, rows, _extra_names = _parse_matrix(strip_ansi(text))
     gpu_cols = {pos: int(GPU_NAME.match(c).group(1)) for pos, c in enumerate(columns) if GPU_NAME.match(c)}
     status = {}
-    for i, (cells, _) in sorted(rows.items()):
+    for i, (cells, _extra_tokens) in sorted(rows.items()):
         for pos, code in enumerate(cells):
             j = gpu_cols.get(pos)
             if j is None or j == i:

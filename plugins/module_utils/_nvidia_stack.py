@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The NVIDIA stack planner (private to gpufleet.serving): driver, CUDA toolkit and
-container toolkit. Pure Python: version arithmetic, the data tables (branches, security
+"""The NVIDIA stack planner (private to gpufleet.serving): driver and CUDA toolkit, and
+the CUDA an engine image needs. Pure Python: version arithmetic, the data tables (branches, security
 minimums, CUDA compatibility, GPU generations), the package sets per source, and the
 decisions (kernel module flavour, reboot, image CUDA requirement) with their messages.
 """
@@ -86,17 +86,6 @@ SECURITY_MINIMUM = {
     "610": "610.57.04",
     "615": "615.71.09",
 }
-
-# NVIDIA Container Toolkit: 1.17.8 fixes CVE-2025-23266 ("NVIDIAScape", container escape
-# through the enable-cuda-compat hook) and CVE-2025-23267 (NVIDIA security bulletin 5659,
-# July 2025); 1.16.2 fixed CVE-2024-0132.
-CONTAINER_TOOLKIT_MINIMUM = "1.17.8"
-CONTAINER_TOOLKIT_PACKAGES = (
-    "nvidia-container-toolkit",
-    "nvidia-container-toolkit-base",
-    "libnvidia-container-tools",
-    "libnvidia-container1",
-)
 
 # ---------------------------------------------------------------- GPU generations
 
@@ -270,15 +259,6 @@ def toolkit_errors(toolkit, driver_version, where="cuda_toolkit_version"):
             )
         ]
     return []
-
-
-def cuda_repo_id(distribution, major_version):
-    """'debian', '12' -> 'debian12'; 'ubuntu', '24' -> 'ubuntu2404' (NVIDIA's repo ids)."""
-    if distribution == "debian":
-        return "debian%s" % major_version
-    if distribution == "ubuntu":
-        return "ubuntu%s04" % major_version
-    return None
 
 
 def debian_source_blocks(text):

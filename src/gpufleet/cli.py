@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -101,104 +102,82 @@ def cmd_gpu_show(args: argparse.Namespace) -> int:
     return 0
 
 
-PLAN_PARTS = (
-    # (bar letter, label, result key)
-    ("W", "weights", "weights_bytes_per_gpu"),
-    ("K", "KV cache", "kv_cache_bytes_per_gpu"),
-    ("A", "activations", "activation_bytes_per_gpu"),
-    ("G", "CUDA graphs + non-torch", None),
-    ("C", "context + NCCL", "outside_bytes_per_gpu"),
-)
-BAR_WIDTH = 60
 GIB = 2**30
 
 
 def _read_model_config(path: str) -> dict:
-    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import load_model_config
+    from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import (
+        CONFIG_MAX_BYTES,
+        load_model_config,
+    )
 
     target = Path(path)
     if target.is_dir():
         target = target / "config.json"
     try:
-        text = target.read_text()
+        if not target.is_file():
+            raise ValueError(
+                "--model %s: %s %s (give a model folder or its config.json)"
+                % (path, target, "is not a regular file" if target.exists() else "does not exist")
+            )
+        # at most one byte past the limit: /dev/zero or a weights file is never read whole
+        with target.open("rb") as handle:
+            raw = handle.read(CONFIG_MAX_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ValueError(
             "cannot read %s: %s (give a model folder or its config.json)" % (target, exc.strerror)
         ) from None
+    except UnicodeDecodeError:
+        raise ValueError("--model %s: %s is not UTF-8 text; give a model's config.json" % (path, target)) from None
     return load_model_config(text)
 
 
-def _plan_parts(plan: dict) -> list[tuple[str, str, int]]:
-    parts = []
-    for letter, label, key in PLAN_PARTS:
-        if key is None:
-            value = (plan.get("cudagraph_bytes_per_gpu") or 0) + (plan.get("non_torch_bytes_per_gpu") or 0)
-        else:
-            value = plan.get(key) or 0
-        parts.append((letter, label, int(value)))
-    used = sum(p[2] for p in parts)
-    parts.append((".", "headroom", max(plan["gpu_memory_bytes"] - used, 0)))
-    return parts
+def _plan_input_errors(args: argparse.Namespace) -> list[str]:
+    """Every bad number given to `gpufleet plan`, named by its flag, before any arithmetic."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import OPTIONS
 
-
-def _bar(parts: list[tuple[str, str, int]], total: int) -> str:
-    cells = []
-    for letter, _, value in parts:
-        cells.append(letter * round(BAR_WIDTH * value / float(total)) if value > 0 else "")
-    bar = "".join(cells)
-    return "[" + (bar + "." * BAR_WIDTH)[:BAR_WIDTH] + "]"
+    errors = []
+    if args.gpus < 1 or args.gpus > 1024:
+        errors.append("--gpus=%d must be from 1 to 1024 (the GPUs the instance may use)" % args.gpus)
+    if args.gpu_memory_gib is not None and not (math.isfinite(args.gpu_memory_gib) and 1 < args.gpu_memory_gib <= 4096):
+        errors.append("--gpu-memory-gib=%s must be one GPU's memory in GiB, e.g. 24 or 80" % args.gpu_memory_gib)
+    if args.concurrency is not None and args.concurrency < 1:
+        errors.append("--concurrency=%d must be at least 1 (full-length requests at once)" % args.concurrency)
+    space = args.kv_cache_space_gib
+    if space is not None and not (math.isfinite(space) and 0 < space <= 65536):
+        errors.append("--kv-cache-space-gib=%s must be a size in GiB above 0, e.g. 4" % space)
+    for name in _plan_pin_options():
+        value = getattr(args, name)
+        option = OPTIONS[name]
+        if value is None or option.kind is bool:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.append("%s=%s must be a finite number" % (flag, value))
+        elif option.bounds_text() and not option.in_bounds(value):
+            errors.append("%s=%s must be %s" % (flag, value, option.bounds_text()))
+    return errors
 
 
 def print_plan(plan: dict) -> None:
-    m = plan.get("model") or {}
-    head = "%s, %.2fB parameters, %s%s" % (
-        m.get("architecture", "?"),
-        (m.get("parameters") or 0) / 1e9,
-        m.get("dtype", "?"),
-        ", %s" % m["quantization"] if m.get("quantization") else "",
-    )
-    print("model      %s" % head)
-    if plan.get("accelerator") == "cpu":
-        print("engine     vllm on CPU, KV cache space %.2f GiB" % (plan["kv_cache_bytes_per_gpu"] / GIB))
-    else:
-        print(
-            "hardware   %d GPU(s) x %.2f GiB usable, engine %s"
-            % (plan["gpus"], plan["gpu_memory_bytes"] / GIB, plan["engine"])
-        )
-    print("fits       %s" % ("yes" if plan["fits"] else "NO"))
-    if plan.get("kv_bytes_per_token_per_gpu"):
-        rows = [
-            ("tensor_parallel_size", plan.get("tensor_parallel_size")),
-            ("max_model_len", plan.get("max_model_len")),
-            ("kv_cache_tokens", "{:,}".format(plan.get("kv_cache_tokens") or 0)),
-            ("max_concurrency", "%.2f requests at full length" % (plan.get("max_concurrency") or 0)),
-            ("kv bytes/token/GPU", "{:,}".format(plan["kv_bytes_per_token_per_gpu"])),
-        ]
-        for key in ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager"):
-            if key in plan:
-                rows.append((key, plan[key]))
-        for key, value in rows:
-            print("  %-24s %s" % (key, value))
-    if plan.get("gpu_memory_bytes") and plan.get("weights_bytes_per_gpu") is not None:
-        parts = _plan_parts(plan)
-        print("per GPU    %s %.2f GiB" % (_bar(parts, plan["gpu_memory_bytes"]), plan["gpu_memory_bytes"] / GIB))
-        print("           " + " | ".join("%s %s %.2f" % (letter, label, value / GIB) for letter, label, value in parts))
-    if plan.get("engine_args"):
-        print(
-            "engine args  "
-            + " ".join(
-                flag if value is True else "%s %s" % (flag, value) for flag, value in plan["engine_args"].items()
-            )
-        )
-    for title, key in (("why", "reasons"), ("warning", "warnings"), ("error", "errors")):
-        for line in plan.get(key) or []:
-            print("%-10s %s" % (title, line))
+    """The plan as the engine role prints it, with the CLI's detail (one formatter:
+    module_utils/_plan_text.py)."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._plan_text import plan_lines
+
+    for line in plan_lines(plan, detail=True):
+        print(line)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan as mp
-    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import ModelConfigError
+    from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import ModelConfigError
 
+    problems = _plan_input_errors(args)
+    if problems:
+        for problem in problems:
+            print("gpufleet plan: %s" % problem, file=sys.stderr)
+        return 1
     try:
         config = _read_model_config(args.model)
         if args.gpu_memory_gib is None and args.accelerator != "cpu":
@@ -207,17 +186,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ValueError(
                 "--gpu-memory-gib=%s is too small; give one GPU's memory in GiB, e.g. 24" % args.gpu_memory_gib
             )
-        pins = {
-            "tensor_parallel_size": args.tensor_parallel_size,
-            "quantization": args.quantization,
-            "dtype": args.dtype,
-            "kv_cache_dtype": args.kv_cache_dtype if args.kv_cache_dtype != "auto" else None,
-            "max_model_len": args.max_model_len,
-            "max_num_seqs": args.max_num_seqs,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
-            "enforce_eager": True if args.enforce_eager else None,
-        }
+        pins = {name: getattr(args, name) for name in _plan_pin_options()}
         plan = mp.plan_memory(
             config,
             gpus=args.gpus,
@@ -231,7 +200,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except (ValueError, ModelConfigError) as exc:
         print("gpufleet plan: %s" % exc, file=sys.stderr)
         return 1
-    plan["engine_args"] = mp.engine_args(plan.get("options") or {}, args.engine)
+    except (ArithmeticError, RecursionError, KeyError, TypeError) as exc:
+        # the config passed the checks above but the arithmetic still could not use it
+        print("gpufleet plan: cannot plan %s: %s: %s" % (args.model, type(exc).__name__, exc), file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(plan, indent=2, sort_keys=True))
     else:
@@ -269,15 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--kv-cache-space-gib", type=float, help="KV cache space of a CPU instance (VLLM_CPU_KVCACHE_SPACE)"
     )
-    plan.add_argument("--tensor-parallel-size", type=int)
-    plan.add_argument("--quantization", choices=("none", "awq", "gptq", "fp8"))
-    plan.add_argument("--dtype", choices=("bfloat16", "float16"))
-    plan.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
-    plan.add_argument("--max-model-len", type=int)
-    plan.add_argument("--max-num-seqs", type=int)
-    plan.add_argument("--max-num-batched-tokens", type=int)
-    plan.add_argument("--gpu-memory-utilization", type=float, help="for SGLang: mem_fraction_static")
-    plan.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    _add_plan_pins(plan)
     plan.add_argument(
         "--concurrency", type=int, help="full-length requests that must fit at once (default: max-num-seqs, else 8)"
     )
@@ -323,11 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the reports as one JSON object")
     status.set_defaults(func=cmd_status)
 
+    from gpufleet import bench as _bench
+
     bench = sub.add_parser(
         "bench",
         help="streaming load against an OpenAI-compatible endpoint: TTFT, TPOT, ITL percentiles, throughput",
+        description="Streaming load against an OpenAI-compatible endpoint. Needs the OpenAI client, gpufleet's "
+        "optional bench extra: %s." % _bench.BENCH_EXTRA,
     )
-    from gpufleet import bench as _bench
 
     _bench.add_arguments(bench)
     bench.set_defaults(func=_bench.run)
@@ -367,6 +334,36 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--keep", action="store_true", help="leave the lab hosts running afterwards")
     test.set_defaults(func=cmd_lab_test)
     return parser
+
+
+def _plan_pin_options() -> dict:
+    """The engine options `gpufleet plan` pins, by their engine-neutral (vLLM) names: those the
+    memory plan knows (_engine_options.OPTIONS with a plan_key of their own name)."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import OPTIONS
+
+    return {name: o for name, o in OPTIONS.items() if o.plan_key == name}
+
+
+def _add_plan_pins(plan: argparse.ArgumentParser) -> None:
+    """A flag per option the plan can pin, typed and limited to the choices the engine role takes."""
+    try:
+        ensure_importable()
+        options = _plan_pin_options()
+    except CollectionNotFoundError:
+        return  # main() says so before any command runs
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import ENGINES, option_for
+    from ansible_collections.gpufleet.serving.plugins.module_utils._memory_plan import PLANNER_CHOICES
+
+    label = {"vllm": "vLLM", "sglang": "SGLang"}
+    for name, option in options.items():
+        each = [(engine, option_for(name, engine)) for engine in ENGINES]
+        flags = ", ".join("%s %s" % (label[e], o.flag(e).name) for e, o in each if o is not None)
+        help_text = "pin %s (%s)" % (name, flags)
+        if option.kind is bool:
+            plan.add_argument("--" + name.replace("_", "-"), action="store_true", default=None, help=help_text)
+        else:
+            choices = option.choices + PLANNER_CHOICES.get(name, ())
+            plan.add_argument("--" + name.replace("_", "-"), type=option.kind, choices=choices or None, help=help_text)
 
 
 def _playbook_args(p: argparse.ArgumentParser) -> None:

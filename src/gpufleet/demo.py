@@ -7,7 +7,8 @@ the proxy and prints the endpoint, a curl line and the key. A second `up` reuses
 and is idempotent. `down` removes the containers, volumes and images `up` made (images that
 were there before stay), and nothing else. `status` is `gpufleet status` on the demo.
 
-The demo runs from a checkout (it builds its images from tests/lab/).
+The demo runs from a checkout (it builds its images from tests/lab/), and streams its answer
+with the OpenAI client: gpufleet's bench extra, which `make demo` installs.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet import lab
+from gpufleet import bench, lab
 from gpufleet._collection import locate_collection
 from gpufleet.runner import RunRequest, cache_dir, run_playbook, run_status
 
 HOSTS = {"gpufleet-demo-demo-gpu": "demo-gpu"}
 PROXY_PORT = 8080
 MODEL = "tiny-llama"
-LAB_IMAGES = ("base", "host", "vllm-cpu")
 
 
 def state_dir() -> Path:
@@ -134,6 +134,10 @@ def ready_screen(url: str, key: str, took: float) -> str:
 def up(verbose: int = 0) -> int:
     started = time.monotonic()
     inventory = _inventory()
+    try:
+        bench.require_openai()  # the streamed answer at the end: say so before anything is built
+    except bench.MissingClientError as exc:
+        raise lab.LabError("%s; the demo streams its answer with it" % exc) from None
     state = _load_state()
     _say("checking the Docker engine (installs docker.io and starts dockerd when missing)")
     lab.harness("docker")
@@ -154,6 +158,8 @@ def up(verbose: int = 0) -> int:
         "gpufleet_demo_archive": "/srv/gpufleet-lab/images/" + archive,
         "gpufleet_demo_model": "/srv/gpufleet-lab/models/" + model,
         "gpufleet_demo_key": key,
+        # the lab's ulimits (tests/lab/lab_vars.yml): the demo host's Docker cannot grant more
+        **lab.lab_vars(),
     }
     _say("site.yml on inventories/demo")
     rc = run_playbook(RunRequest(playbook="site", inventory=str(inventory), extravars=extravars, verbose=verbose))

@@ -29,32 +29,27 @@ The test runs in stages; a failing stage ends the run.
      routes are the user's own.
    site.yml ends by streaming a completion through every host's proxy.
 
-The lab hosts are removed at the end unless `--keep` is given.
+The lab hosts are removed at the end unless `--keep` is given. Each run goes through
+ansible-runner like `gpufleet deploy` (gpufleet.runner): Ansible's own output is printed from
+the run's events, followed by each host's counts, and the idempotence check reads the counts
+from the run's stats.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from gpufleet import runner
 from gpufleet._collection import collection_root
 
 PREFIX = "gpufleet-labtest-"
 LABEL = "io.gpufleet.lab"
-# A PLAY RECAP line: host, ok, changed, unreachable, failed, skipped, rescued, ignored.
-RECAP = re.compile(
-    r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+"
-    r"skipped=(\d+)\s+rescued=(\d+)\s+ignored=(\d+)",
-    re.M,
-)
 # Lab settings of the converge stage (the fleet lab's; shared/ENVIRONMENT.md explains the ulimits).
 LAB_ENGINE = {"enforce_eager": True, "max_model_len": 2048, "kv_cache_space_gib": 1, "readiness_timeout": 600}
-LAB_ULIMITS = {"memlock": "8388608", "stack": "67108864", "nofile": "20000:20000"}
 
 
 class LabError(RuntimeError):
@@ -80,6 +75,17 @@ def harness(*args: str) -> str:
             "run `gpufleet lab` and `gpufleet demo` from a clone of gpufleet (make setup)"
         )
     return _run([str(script), *args]).stdout.strip()
+
+
+def lab_vars() -> dict:
+    """The lab's settings that differ from a real host (tests/lab/lab_vars.yml: the engines'
+    ulimits), shared with Molecule and the demo."""
+    import yaml
+
+    path = collection_root() / "tests" / "lab" / "lab_vars.yml"
+    if not path.is_file():
+        raise LabError("%s is missing; run `gpufleet lab` and `gpufleet demo` from a clone of gpufleet" % path)
+    return yaml.safe_load(path.read_text())
 
 
 def load_inventory(source: Path) -> tuple[dict[str, dict], dict[str, list[str]]]:
@@ -148,7 +154,7 @@ def hardware_inputs(inventory: Path, hostvars: dict[str, dict], gpu_hosts: list[
 
 
 def start_hosts(names: dict[str, str], image: str, scenario: str, nested_docker: bool) -> None:
-    """Start a lab host per {container name: hostname} with the flags of tests/lab/molecule/create.yml."""
+    """Start a lab host per {container name: hostname} with the flags of molecule/shared/create.yml."""
     _run(["docker", "network", "create", "--label", LABEL + "=network", "gpufleet-lab"], check=False)
     cache = collection_root() / ".cache" / "lab"
     for sub in ("images", "models"):
@@ -207,15 +213,16 @@ def lab_engines(engines: list[dict], image: str, model: str) -> list[dict]:
     return out
 
 
-def _playbook(inventory: Path, extra: Path, *args: str) -> tuple[int, str]:
-    root = collection_root()
-    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "-e", "@" + str(extra)]
-    argv += [*args, str(root / "site.yml")]
-    _say(" ".join(argv[1:]))
-    proc = subprocess.run(argv, cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
-    sys.stdout.write(proc.stdout)
-    sys.stdout.flush()
-    return proc.returncode, proc.stdout
+def site_request(inventory: Path, extravars: dict[str, Any], **options: Any) -> runner.RunRequest:
+    """site.yml on the user's inventory with the lab's variables, Ansible's output shown (-v)."""
+    return runner.RunRequest(playbook="site", inventory=str(inventory), extravars=extravars, verbose=1, **options)
+
+
+def _site(req: runner.RunRequest) -> runner.Outcome:
+    flags = [flag for flag, on in (("--check", req.check), ("--diff", req.diff)) if on]
+    flags += ["--tags " + req.tags] if req.tags else []
+    _say("site.yml on %s %s" % (req.inventory, " ".join(flags)))
+    return runner.play(req)
 
 
 def lab_test(inventory: Path, converge: bool = False, keep: bool = False) -> int:
@@ -237,59 +244,55 @@ def lab_test(inventory: Path, converge: bool = False, keep: bool = False) -> int
     try:
         for host in gpu_hosts:
             stage_hardware(PREFIX + host, inputs[host])
-        with tempfile.TemporaryDirectory(prefix="gpufleet-lab-") as scratch:
-            extra = Path(scratch) / "lab.json"
-            connection = {
-                "ansible_connection": "community.docker.docker",
-                "ansible_host": PREFIX + "{{ inventory_hostname }}",
-                "ansible_user": "root",
-                "ansible_python_interpreter": "/usr/bin/python3",
-            }
-            extra.write_text(json.dumps(connection))
-            _say("stage 1: preflight of every gpu host on its captured hardware (--check, nothing changes)")
-            rc, _ = _playbook(inventory, extra, "--check", "--diff", "--tags", "preflight")
-            if rc != 0:
-                _say("preflight failed (exit %d): the same run would fail on the fleet before changing any host" % rc)
-                return rc
-            if not converge:
-                _say("preflight passed on %d hosts" % len(gpu_hosts))
-                return 0
-            vllm_image = harness("image-tag", "vllm-cpu")
-            archive = Path(harness("archive", "vllm-cpu")).name
-            model = "/srv/gpufleet-lab/models/" + Path(harness("model", "tiny-llama")).name
-            overrides = {
-                **connection,
-                "gpufleet_manage_driver": False,
-                "gpufleet_cuda_toolkit": False,
-                "container_runtime_nvidia_toolkit": False,
-                "container_runtime_image_archives": [
-                    {"image": vllm_image, "archive": "/srv/gpufleet-lab/images/" + archive}
-                ],
-                "engine_pull_images": False,
-                "engine_ulimits": LAB_ULIMITS,
-                "gpufleet_lab_engines": {
-                    h: lab_engines(hostvars[h].get("gpufleet_engines"), vllm_image, model) for h in gpu_hosts
-                },
-                "gpufleet_engines": "{{ gpufleet_lab_engines[inventory_hostname] | default([]) }}",
-            }
-            extra.write_text(json.dumps(overrides))
-            _say("stage 2: what site.yml would change on the fresh lab hosts (--check --diff)")
-            rc, _ = _playbook(inventory, extra, "--check", "--diff")
-            if rc != 0:
-                _say("the check-mode run failed (exit %d)" % rc)
-                return rc
-            _say("stage 3: converge (engines on vLLM's CPU build with the tiny model)")
-            rc, _ = _playbook(inventory, extra)
-            if rc != 0:
-                return rc
-            _say("stage 3: the second run must change nothing")
-            rc, out = _playbook(inventory, extra)
-            changed = {row[0]: int(row[2]) for row in RECAP.findall(out) if int(row[2])}
-            if rc != 0 or changed:
-                _say("not idempotent: changed on %s" % changed if changed else "second run failed (exit %d)" % rc)
-                return rc or 1
-            _say("converged, idempotent and streaming on %d hosts" % len(containers))
+        connection = {
+            "ansible_connection": "community.docker.docker",
+            "ansible_host": PREFIX + "{{ inventory_hostname }}",
+            "ansible_user": "root",
+            "ansible_python_interpreter": "/usr/bin/python3",
+        }
+        _say("stage 1: preflight of every gpu host on its captured hardware (--check, nothing changes)")
+        rc = _site(site_request(inventory, connection, check=True, diff=True, tags="preflight")).rc
+        if rc != 0:
+            _say("preflight failed (exit %d): the same run would fail on the fleet before changing any host" % rc)
+            return rc
+        if not converge:
+            _say("preflight passed on %d hosts" % len(gpu_hosts))
             return 0
+        vllm_image = harness("image-tag", "vllm-cpu")
+        archive = Path(harness("archive", "vllm-cpu")).name
+        model = "/srv/gpufleet-lab/models/" + Path(harness("model", "tiny-llama")).name
+        overrides = {
+            **connection,
+            "gpufleet_manage_driver": False,
+            "gpufleet_cuda_toolkit": False,
+            "container_runtime_nvidia_toolkit": False,
+            "container_runtime_image_archives": [
+                {"image": vllm_image, "archive": "/srv/gpufleet-lab/images/" + archive}
+            ],
+            "engine_pull_images": False,
+            **lab_vars(),
+            "gpufleet_lab_engines": {
+                h: lab_engines(hostvars[h].get("gpufleet_engines"), vllm_image, model) for h in gpu_hosts
+            },
+            "gpufleet_engines": "{{ gpufleet_lab_engines[inventory_hostname] | default([]) }}",
+        }
+        _say("stage 2: what site.yml would change on the fresh lab hosts (--check --diff)")
+        rc = _site(site_request(inventory, overrides, check=True, diff=True)).rc
+        if rc != 0:
+            _say("the check-mode run failed (exit %d)" % rc)
+            return rc
+        _say("stage 3: converge (engines on vLLM's CPU build with the tiny model)")
+        rc = _site(site_request(inventory, overrides)).rc
+        if rc != 0:
+            return rc
+        _say("stage 3: the second run must change nothing")
+        second = _site(site_request(inventory, overrides))
+        changed = {host: state.changed for host, state in second.view.hosts.items() if state.changed}
+        if second.rc != 0 or changed:
+            _say("not idempotent: changed on %s" % changed if changed else "second run failed (exit %d)" % second.rc)
+            return second.rc or 1
+        _say("converged, idempotent and streaming on %d hosts" % len(containers))
+        return 0
     finally:
         if keep:
             _say("kept: %s" % " ".join(containers))

@@ -1,16 +1,31 @@
-"""`gpufleet deploy` and `gpufleet rollout`: site.yml and rollout.yml through ansible-runner.
+"""Every playbook gpufleet runs goes through here, over ansible-runner: `gpufleet deploy`,
+`rollout`, `status`, the demo, `gpufleet lab test` and the fleet benchmark.
 
-Thin on purpose: the playbooks hold every decision. This module turns the CLI's options into
-one ansible-runner call, shows the run as a live per-host view built from runner events (or
-the raw Ansible output with -v, or one JSON object with --json), and ends a failed run with
-one sentence per failed host: what failed, why, what to do, and where the full log is.
+Thin on purpose: the playbooks hold every decision. This module turns a request into one
+ansible-runner call, shows the run as a live per-host view built from runner events (or
+Ansible's own output, which the events carry, with -v, or one JSON object with --json), and
+ends a failed run with one sentence per failed host: what failed, why, what to do, and where
+the full log is.
+
+Failures are classified by what the roles mark, never by task names:
+- readiness: the failure message carries ``gpufleet-readiness[INSTANCE]:``, the marker that
+  roles/engine/tasks/readiness.yml puts on "the instance never became ready";
+- preflight: the message carries ``gpufleet-preflight:``, the marker playbooks/tasks/preflight.yml
+  puts on a host's collected problems (it replaces the single checks noted before it), or
+  Ansible's validation of a role's ``preflight`` argument-spec entry point failed (its result
+  names the entry point), or a task of the entry point itself failed (its task path is a
+  role's tasks/preflight.yml, or a preflight_*.yml it includes), while no host has changed
+  yet in the run;
+- unreachable: ansible-runner's own event.
 """
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -36,8 +51,13 @@ DEFAULT_SETTINGS = {
     "ANSIBLE_RETRY_FILES_ENABLED": "false",
     "ANSIBLE_CALLBACK_RESULT_FORMAT": "yaml",
 }
-# Tasks whose failure means "the engine never became ready" (roles/engine/tasks/readiness.yml).
-READINESS_TASKS = ("Wait for /health of ", "Generate one token with ", "Check the one-token generation of ")
+# The marker roles/engine/tasks/readiness.yml starts its failure message with.
+READINESS_MARKER = re.compile(r"gpufleet-readiness\[([^\]\s]+)\]:\s*")
+# The marker playbooks/tasks/preflight.yml starts its failure with: every problem of the host.
+PREFLIGHT_MARKER = re.compile(r"^gpufleet-preflight:\s*")
+# A role's preflight: the argument-spec entry point, and its task files (the event's task path).
+PREFLIGHT_ENTRY_POINT = "preflight"
+PREFLIGHT_TASK_FILE = re.compile(r"/roles/[^/]+/tasks/preflight(?:\.ya?ml|[_/][^:]*):\d+$")
 MAX_MESSAGE = 400
 KEEP_RUNS = 20  # run folders (logs) kept in the cache
 
@@ -93,10 +113,12 @@ def _config_value(name: str, config_file: str | None) -> Any:
     return ConfigManager(config_file).get_config_value(name)
 
 
-def settings_env(coll: Collection, environ: dict[str, str] | None = None) -> dict[str, str]:
+def settings_env(coll: Collection, environ: dict[str, str] | None = None, colour: bool = True) -> dict[str, str]:
     """Environment for the run: the collection first on the collections path, the venv's
     ansible-playbook on PATH, the checkout's ansible.cfg or gpufleet's defaults, and every
-    ANSIBLE_* variable the user set left as it is."""
+    ANSIBLE_* variable the user set left as it is. Without colour, Ansible's output has no
+    colour codes (ansible-runner runs it on a terminal of its own, where it would colour)
+    unless the user's environment asks for them."""
     environ = dict(os.environ if environ is None else environ)
     env = coll.envvars()
     bin_dir = str(Path(sys.executable).parent)
@@ -117,7 +139,17 @@ def settings_env(coll: Collection, environ: dict[str, str] | None = None) -> dic
         # configuration in use says (gpufleet's ansible.cfg and Ansible's default: True)
         config = environ.get("ANSIBLE_CONFIG") or env.get("ANSIBLE_CONFIG")
         env["ANSIBLE_HOST_KEY_CHECKING"] = str(bool(_config_value("HOST_KEY_CHECKING", config)))
+    if not colour and not _user_colour_choice(environ):
+        env["ANSIBLE_NOCOLOR"] = "1"
     return env
+
+
+def _user_colour_choice(environ: dict[str, str]) -> bool:
+    """Whether the user's environment already decides Ansible's colour."""
+    from ansible.module_utils.parsing.convert_bool import boolean
+
+    force = environ.get("ANSIBLE_FORCE_COLOR")
+    return "ANSIBLE_NOCOLOR" in environ or "NO_COLOR" in environ or bool(force and boolean(force, strict=False))
 
 
 @dataclass
@@ -127,6 +159,8 @@ class HostState:
     failed: int = 0
     unreachable: int = 0
     skipped: int = 0
+    rescued: int = 0
+    ignored: int = 0
     task: str = ""
     status: str = "waiting"
 
@@ -138,10 +172,18 @@ class Failure:
     message: str
     kind: str  # unreachable | preflight | readiness | task
     instance: str = ""
+    # the host a delegated task ran on (the edge, for a rollout's drain), when not `host`
+    delegated_to: str = ""
 
     def sentence(self) -> str:
         msg = self.message
         if self.kind == "unreachable":
+            if self.delegated_to:
+                return (
+                    "%s is unreachable (task '%s' of %s runs there): %s. Fix: check ansible_host and ansible_user "
+                    "for %s in the inventory, and that `ssh` to it works with your key."
+                    % (self.delegated_to, self.task, self.host, msg, self.delegated_to)
+                )
             return (
                 "%s is unreachable: %s. Fix: check ansible_host and ansible_user for it in the inventory, and "
                 "that `ssh` to it works with your key." % (self.host, msg)
@@ -158,17 +200,32 @@ class Failure:
         return "%s: task '%s' failed: %s" % (self.host, self.task, msg)
 
 
-def _message(res: dict[str, Any]) -> str:
+def _full_message(res: dict[str, Any]) -> str:
     for key in ("msg", "stderr", "reason", "stdout"):
         value = res.get(key)
         if isinstance(value, str) and value.strip():
-            text = " ".join(value.split())
-            return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+            return " ".join(value.split())
     if res.get("results"):
         for item in res["results"]:
             if isinstance(item, dict) and item.get("failed"):
-                return _message(item)
+                return _full_message(item)
     return "no message (see the log)"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+
+
+def _message(res: dict[str, Any]) -> str:
+    return _short(_full_message(res))
+
+
+def is_preflight(res: dict[str, Any], task_path: str) -> bool:
+    """A failure of a role's preflight: its argument-spec entry point, or a task of it."""
+    context = res.get("validate_args_context") or {}
+    if context.get("argument_spec_name") == PREFLIGHT_ENTRY_POINT:
+        return True
+    return bool(PREFLIGHT_TASK_FILE.search(task_path))
 
 
 @dataclass
@@ -178,6 +235,7 @@ class RunView:
     out: TextIO = field(default_factory=lambda: sys.stdout)
     live: bool = False
     quiet: bool = False
+    echo: bool = False  # write Ansible's own output, as the events carry it, to out
     hosts: dict[str, HostState] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     reports: dict[str, Any] = field(default_factory=dict)  # gpufleet_status facts (status.yml)
@@ -193,6 +251,10 @@ class RunView:
     def handle(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data") or {}
+        if self.echo and event.get("stdout"):
+            # Ansible's lines as it printed them on ansible-runner's terminal (CRLF there)
+            self.out.write(event["stdout"].replace("\r\n", "\n") + "\n")
+            self.out.flush()
         if kind == "playbook_on_play_start":
             self.play = data.get("play") or data.get("name") or ""
         elif kind == "playbook_on_task_start":
@@ -219,11 +281,17 @@ class RunView:
         elif kind == "runner_on_unreachable":
             self._failed(data, "unreachable")
         elif kind == "playbook_on_stats":
-            for key, attr in (("ok", "ok"), ("changed", "changed"), ("failures", "failed"), ("dark", "unreachable")):
+            for key, attr in (
+                ("ok", "ok"),
+                ("changed", "changed"),
+                ("failures", "failed"),
+                ("dark", "unreachable"),
+                ("skipped", "skipped"),
+                ("rescued", "rescued"),
+                ("ignored", "ignored"),
+            ):
                 for name, count in (data.get(key) or {}).items():
                     setattr(self.host(name), attr, count)
-            for name in data.get("skipped") or {}:
-                self.host(name).skipped = data["skipped"][name]
         self.draw()
         return True
 
@@ -232,6 +300,9 @@ class RunView:
         state = self.host(name)
         res = data.get("res") or {}
         task = data.get("task") or self.task
+        message, instance = _full_message(res), ""
+        delegated = str((res.get("_ansible_delegated_vars") or {}).get("ansible_delegated_host") or "")
+        delegated = delegated if delegated and delegated != name else ""
         if how == "unreachable":
             state.unreachable += 1
             state.status = "unreachable"
@@ -239,21 +310,24 @@ class RunView:
         else:
             state.failed += 1
             state.status = "failed"
-            path = data.get("task_path") or self._task_path
-            if task.startswith(READINESS_TASKS):
-                kind = "readiness"
-            elif ("preflight" in path or "preflight" in self.play.lower()) and not any(
+            marker = READINESS_MARKER.search(message)
+            collected = PREFLIGHT_MARKER.search(message)
+            if marker:
+                kind, instance = "readiness", marker.group(1)
+                message = message[: marker.start()] + message[marker.end() :]
+            elif collected and not any(h.changed for h in self.hosts.values()):
+                # every problem of the host in one message: it replaces the single checks noted before it
+                kind, message = "preflight", message[collected.end() :]
+                self.failures = [f for f in self.failures if not (f.host == name and f.kind == "preflight")]
+            elif is_preflight(res, data.get("task_path") or self._task_path) and not any(
                 h.changed for h in self.hosts.values()
             ):
                 kind = "preflight"
             else:
                 kind = "task"
-        instance = ""
-        if kind == "readiness":
-            for prefix in READINESS_TASKS:
-                if task.startswith(prefix):
-                    instance = task[len(prefix) :].split()[0]
-        failure = Failure(host=name, task=task, message=_message(res), kind=kind, instance=instance)
+        failure = Failure(
+            host=name, task=task, message=_short(message), kind=kind, instance=instance, delegated_to=delegated
+        )
         self.failures.append(failure)
         if not self.live and not self.quiet:
             print("  %s %s (%s)" % (kind.upper() if kind == "unreachable" else "FAILED", name, task), file=self.out)
@@ -299,7 +373,7 @@ class RunView:
 
 @dataclass
 class RunRequest:
-    playbook: str  # "site" or "rollout"
+    playbook: str  # "site", "rollout", "status", or the path of a playbook file
     inventory: str
     limit: str | None = None
     tags: str | None = None
@@ -314,19 +388,23 @@ class RunRequest:
     json: bool = False
 
 
-def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path) -> dict[str, Any]:
-    """The one ansible_runner.run() call a request makes (its keyword arguments)."""
+def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path, colour: bool = False) -> dict[str, Any]:
+    """The one ansible_runner.run() call a request makes (its keyword arguments). Ansible's
+    output reaches the user through the events (RunView.echo), never ansible-runner's own echo."""
     inventory = Path(req.inventory).expanduser()
     if not inventory.exists():
         raise UsageError(
             "-i %s: no such inventory file or folder; give the path of your inventory (e.g. inventories/lab)"
             % req.inventory
         )
-    playbook = {
+    named = {
         "site": coll.site_playbook,
         "rollout": coll.rollout_playbook,
         "status": coll.root / "playbooks" / "status.yml",
-    }[req.playbook]
+    }
+    playbook = named.get(req.playbook) or Path(req.playbook).expanduser().resolve()
+    if not playbook.is_file():
+        raise UsageError("playbook %s: no such file" % req.playbook)
     cmdline = []
     if req.check:
         cmdline.append("--check")
@@ -346,11 +424,13 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path) -> dict[
         "private_data_dir": str(private_dir),
         "playbook": str(playbook),
         "inventory": str(inventory.resolve()),
-        "envvars": settings_env(coll),
+        "envvars": settings_env(coll, colour=colour),
         "extravars": req.extravars,
-        "quiet": req.verbose == 0,
+        "quiet": True,
         # keep the fact cache of the configuration in use (ansible-runner would point it into the run)
         "fact_cache_type": "",
+        # ansible-runner asks the cancel callback each time its wait for output ends: every second
+        "settings": {"pexpect_timeout": 1},
     }
     if cmdline:
         kwargs["cmdline"] = shlex.join(cmdline)
@@ -360,36 +440,121 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path) -> dict[
     return kwargs
 
 
-def _execute(req: RunRequest, view: RunView, err: TextIO) -> tuple[Any, Path] | int:
-    """One ansible-runner run for the request: (result, log path), or 2 on bad input."""
+@dataclass
+class Outcome:
+    """What a run ended with: ansible-runner's rc and status, the log, and the view of its events."""
+
+    rc: int
+    status: str
+    log: Path | None  # None: the run did not start (bad input, rc 2)
+    view: RunView
+
+
+def execute(req: RunRequest, view: RunView, err: TextIO | None = None) -> Outcome:
+    """One ansible-runner run for the request, its events fed to the view (rc 2 on bad input)."""
     import ansible_runner
 
+    err = err or sys.stderr
     coll = locate_collection()
     # A folder per run: ansible-runner keeps a run's inputs (env/cmdline, env/extravars) in its
     # private data folder and would hand them to the next run that gives none.
     runs = cache_dir() / "runs"
     runs.mkdir(parents=True, exist_ok=True, mode=0o700)
-    private_dir = runs / ("%s-%s-%s" % (time.strftime("%Y%m%d-%H%M%S"), req.playbook, uuid.uuid4().hex[:8]))
+    label = Path(req.playbook).stem
+    private_dir = runs / ("%s-%s-%s" % (time.strftime("%Y%m%d-%H%M%S"), label, uuid.uuid4().hex[:8]))
     private_dir.mkdir(mode=0o700)
     for old in sorted(p for p in runs.iterdir() if p.is_dir())[:-KEEP_RUNS]:
         shutil.rmtree(old, ignore_errors=True)
     try:
-        kwargs = runner_kwargs(req, coll, private_dir)
+        kwargs = runner_kwargs(req, coll, private_dir, colour=view.echo and view.out.isatty())
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=err)
-        return 2
+        return Outcome(rc=2, status="not started", log=None, view=view)
     if req.ask_vault_pass:
         secret = getpass.getpass("Vault password: ")
         kwargs["passwords"] = {r"^Vault password:\s*?$": secret}
+    cancel = Cancel()
     try:
-        result = ansible_runner.run(event_handler=view.handle, **kwargs)
+        with cancel:
+            result = ansible_runner.run(event_handler=view.handle, cancel_callback=cancel, **kwargs)
     finally:
         # the extra vars may hold secrets (keys), and ansible-runner writes the whole environment
         # (tokens included) into artifacts/ID/command: neither outlives the run
         shutil.rmtree(private_dir / "env", ignore_errors=True)
         for command in private_dir.glob("artifacts/*/command"):
             command.unlink()
-    return result, private_dir / "artifacts" / str(result.config.ident) / "stdout"
+    rc = result.rc if isinstance(result.rc, int) else 1
+    log = private_dir / "artifacts" / str(result.config.ident) / "stdout"
+    if cancel.signal_name:
+        print(
+            "gpufleet: %s: ansible-playbook was stopped at once (the run's process group killed). A fleet lock it "
+            "held is taken over by the next run from this machine. Full log: %s" % (cancel.signal_name, log),
+            file=err,
+        )
+        return Outcome(128 + cancel.signum, "canceled", log, view)
+    return Outcome(rc, result.status, log, view)
+
+
+class Cancel:
+    """SIGTERM, SIGINT or SIGHUP during a run: every process the run started is killed at
+    once (ansible-playbook and its workers: Ansible's workers run in sessions of their own,
+    so killing ansible-playbook's process group, as ansible-runner does, leaves a worker to
+    finish its task alone), and ansible-runner's cancel callback says the run was cancelled.
+    Used as a context manager around the run; the previous handlers come back after it."""
+
+    SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.signal_name = ""
+        self._previous: dict[int, Any] = {}
+
+    def __call__(self) -> bool:
+        return bool(self.signum)
+
+    def _handle(self, signum, frame) -> None:
+        import signal
+
+        self.signum, self.signal_name = signum, signal.Signals(signum).name
+        for pid in descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def __enter__(self) -> Cancel:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                number = getattr(signal, name)
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` in the process tree (from /proc), children first."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _print_failures(view: RunView, what: str, rc: int, status: str, log: Path, err: TextIO) -> None:
@@ -405,31 +570,37 @@ def _print_failures(view: RunView, what: str, rc: int, status: str, log: Path, e
     print("Full log: %s" % log, file=err)
 
 
-def run_playbook(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run the request; print the live view (or raw output, or JSON) and the ending. Returns the rc."""
+def play(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> Outcome:
+    """Run the request; print the live view (or Ansible's output with -v, or JSON) and the ending."""
     out, err = out or sys.stdout, err or sys.stderr
     live = not req.json and req.verbose == 0 and out.isatty()
-    view = RunView(out=out, live=live, quiet=req.json or req.verbose > 0)
+    view = RunView(out=out, live=live, quiet=req.json or req.verbose > 0, echo=req.verbose > 0 and not req.json)
     if not req.json and req.verbose == 0:
         print("gpufleet: %s on %s" % (req.playbook, req.inventory), file=out)
-    done = _execute(req, view, err)
-    if isinstance(done, int):
-        return done
-    result, log = done
+    outcome = execute(req, view, err)
+    if outcome.log is None:
+        return outcome
     view.draw(force=True)
-    rc = result.rc if isinstance(result.rc, int) else 1
-    summary = dict(view.summary(), rc=rc, status=result.status, log=str(log), playbook=req.playbook)
+    rc, log = outcome.rc, outcome.log
+    summary = dict(view.summary(), rc=rc, status=outcome.status, log=str(log), playbook=req.playbook)
     if req.json:
         print(json.dumps(summary, indent=2, sort_keys=True), file=out)
-        return rc
+        return outcome
     if not live:
         for line in view.lines()[1:]:
             print(line, file=out)
     if rc == 0:
-        print("gpufleet: %s finished (%s); full log: %s" % (req.playbook, result.status, log), file=out)
+        print("gpufleet: %s finished (%s); full log: %s" % (req.playbook, outcome.status, log), file=out)
+    elif outcome.status == "canceled":
+        pass  # execute() said what happened
     else:
-        _print_failures(view, req.playbook, rc, result.status, log, err)
-    return rc
+        _print_failures(view, req.playbook, rc, outcome.status, log, err)
+    return outcome
+
+
+def run_playbook(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """`gpufleet deploy` / `rollout`: play() and its rc."""
+    return play(req, out, err).rc
 
 
 def _pct(value: Any) -> str:
@@ -446,10 +617,12 @@ def status_rows(reports: dict[str, Any]) -> list[list[str]]:
             rows.append([*head, "-", "no engine", "-", "-", "-", "-", "-", "-"])
         for e in r.get("engines") or []:
             state = "serving" if e.get("serving") else "NOT SERVING (unit %s)" % e.get("unit")
+            if e.get("recorded") is False:
+                state = "unknown (unit %s; no deployed.json: run site.yml)" % e.get("unit")
             rows.append(
                 [
                     *head,
-                    "%s %s:%s" % (e.get("name"), e.get("engine"), e.get("port")),
+                    "%s %s:%s" % (e.get("name"), e.get("engine") or "?", e.get("port") or "?"),
                     state,
                     str(e.get("model") or "-"),
                     str(e.get("tensor_parallel_size") or "-"),
@@ -467,11 +640,10 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
     instance serves, 1 when one does not, the run's rc when a host could not be read."""
     out, err = out or sys.stdout, err or sys.stderr
     view = RunView(out=out, live=False, quiet=True)
-    done = _execute(req, view, err)
-    if isinstance(done, int):
-        return done
-    result, log = done
-    rc = result.rc if isinstance(result.rc, int) else 1
+    outcome = execute(req, view, err)
+    if outcome.log is None:
+        return outcome.rc
+    rc, log = outcome.rc, outcome.log
     down = [
         "%s/%s" % (host, e.get("name"))
         for host, r in view.reports.items()
@@ -486,7 +658,7 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
         for row in rows:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
     if rc != 0:
-        _print_failures(view, "status", rc, result.status, log, err)
+        _print_failures(view, "status", rc, outcome.status, log, err)
         return rc
     if down:
         print("gpufleet: not serving: %s" % ", ".join(down), file=err)

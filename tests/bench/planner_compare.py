@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "collections"))
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan as mp  # noqa: E402
-from ansible_collections.gpufleet.serving.plugins.module_utils import _planner as planner  # noqa: E402
+from ansible_collections.gpufleet.serving.plugins.module_utils import _model_shape as shape  # noqa: E402
 
 CONFIGS = ROOT / "tests" / "fixtures" / "model_configs"
 GIB = 2**30
@@ -88,19 +88,19 @@ print(json.dumps(out))
 
 
 def gpufleet_row(name, gib, tp, mml, gmu):
-    config = planner.load_model_config((CONFIGS / ("%s.json" % name)).read_text())
-    quant = planner.quantization_of(config)
+    config = shape.load_model_config((CONFIGS / ("%s.json" % name)).read_text())
+    quant = shape.quantization_of(config)
     plan = mp.plan_memory(
         config,
         gpus=tp,
         gpu_memory_bytes=int(gib * GIB),
         pins={"tensor_parallel_size": tp, "max_model_len": mml, "gpu_memory_utilization": gmu, "enforce_eager": True},
     )
-    weights = planner.weights_per_gpu(config, tp, quantization=quant)["total"]
+    weights = shape.weights_per_gpu(config, tp, quantization=quant)["total"]
     return {
         "weights_gib": weights / GIB,
-        "params_b": planner.parameter_count(config) / 1e9,
-        "kv_bytes_per_token": planner.kv_bytes_per_token(config, tp),
+        "params_b": shape.parameter_count(config) / 1e9,
+        "kv_bytes_per_token": shape.kv_bytes_per_token(config, tp),
         "kv_tokens": plan["kv_cache_tokens"],
         "valid": plan["fits"],
     }, quant["method"]

@@ -13,7 +13,8 @@ import subprocess
 import pytest
 from conftest import ROOT
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engines import OPTIONS, engine_args
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import OPTIONS
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import engine_args
 
 CHECKER = ROOT / "tests" / "lab" / "check_engine_args.py"
 
@@ -64,7 +65,7 @@ def test_vllm_parser_rejects_a_bad_line(vllm_image):
 
 def test_every_vllm_typed_option_is_covered():
     covered = {k for case in VLLM_CASES for k in case}
-    vllm_options = {k for k, (_, engines, _, _) in OPTIONS.items() if "vllm" in engines}
+    vllm_options = {k for k, option in OPTIONS.items() if "vllm" in option.engines}
     assert vllm_options <= covered
 
 

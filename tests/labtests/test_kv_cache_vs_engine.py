@@ -18,7 +18,7 @@ import pytest
 from conftest import HARNESS
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._memory_plan import plan_memory
-from ansible_collections.gpufleet.serving.plugins.module_utils._planner import logged_kv_tokens
+from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import logged_kv_tokens
 
 KV_SPACE = 2**30
 CPU_BLOCK = 128
@@ -26,33 +26,55 @@ MAX_MODEL_LEN = 2048
 LOGGED = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 
 
-def _engine_kv_tokens(image, model_dir, dtype):
-    name = "gpufleet-kvcheck-%d" % time.monotonic_ns()
-    subprocess.run(
-        ["docker", "run", "-d", "--name", name, "--network", "none", "--shm-size", "1g",
-         "-e", "VLLM_CPU_KVCACHE_SPACE=1", "-e", "HF_HUB_OFFLINE=1", "-v", "%s:/m:ro" % model_dir,
-         image, "--model", "/m", "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
-         "--host", "127.0.0.1", "--port", "18123"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True, check=False)
-            found = LOGGED.search(logs.stdout + logs.stderr)
-            if found:
-                return int(found.group(1).replace(",", ""))
-            time.sleep(2)
-        pytest.fail("engine never logged its KV cache size:\n%s" % (logs.stdout + logs.stderr)[-3000:])
-    finally:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+PRESETS = ("tiny-llama", "tiny-llama-mha", "tiny-llama-gqa8")
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-llama-mha", "tiny-llama-gqa8"])
-def test_planner_kv_tokens_equal_the_engine(vllm_image, preset):
+def _model(preset):
     model_dir = subprocess.run([HARNESS, "model", preset], check=True, capture_output=True, text=True).stdout.strip()
-    config = json.loads((Path(model_dir) / "config.json").read_text())
     dtype = json.loads((Path(model_dir) / "gpufleet-tiny-model.json").read_text())["dtype"]
+    return model_dir, dtype
+
+
+@pytest.fixture(scope="module")
+def engine_kv_tokens(vllm_image):
+    """The KV cache size each preset's real engine logs: the three engines start at once (each
+    only until it logs the size), so the module waits for one start, not three."""
+    names = {}
+    for preset in PRESETS:
+        model_dir, dtype = _model(preset)
+        name = "gpufleet-kvcheck-%s-%d" % (preset, time.monotonic_ns())
+        subprocess.run(
+            ["docker", "run", "-d", "--name", name, "--network", "none", "--shm-size", "1g",
+             "-e", "VLLM_CPU_KVCACHE_SPACE=1", "-e", "HF_HUB_OFFLINE=1", "-v", "%s:/m:ro" % model_dir,
+             vllm_image, "--model", "/m", "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
+             "--host", "127.0.0.1", "--port", "18123"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        names[preset] = name
+    found, logs = {}, {}
+    try:
+        deadline = time.monotonic() + 420
+        while len(found) < len(names) and time.monotonic() < deadline:
+            for preset, name in names.items():
+                if preset in found:
+                    continue
+                out = subprocess.run(["docker", "logs", name], capture_output=True, text=True, check=False)
+                logs[preset] = out.stdout + out.stderr
+                match = LOGGED.search(logs[preset])
+                if match:
+                    found[preset] = int(match.group(1).replace(",", ""))
+                    subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+            time.sleep(2)
+    finally:
+        for name in names.values():
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+    return found, logs
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_planner_kv_tokens_equal_the_engine(engine_kv_tokens, preset):
+    model_dir, dtype = _model(preset)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
     # the same plan the engine role makes for a CPU instance (gpufleet plan --accelerator cpu)
     plan = plan_memory(
         config, accelerator="cpu", kv_space_bytes=KV_SPACE, pins={"dtype": dtype, "max_model_len": MAX_MODEL_LEN}
@@ -61,7 +83,10 @@ def test_planner_kv_tokens_equal_the_engine(vllm_image, preset):
     per_token, planned = plan["kv_bytes_per_token_per_gpu"], plan["kv_cache_tokens"]
     blocks = planned // CPU_BLOCK
     assert logged_kv_tokens(blocks, CPU_BLOCK, MAX_MODEL_LEN) == planned
-    logged = _engine_kv_tokens(vllm_image, model_dir, dtype)
+    found, logs = engine_kv_tokens
+    if preset not in found:
+        pytest.fail("engine never logged its KV cache size:\n%s" % logs.get(preset, "")[-3000:])
+    logged = found[preset]
     shape = "%s layers, %s heads, %s KV heads, %s" % (
         config["num_hidden_layers"],
         config["num_attention_heads"],

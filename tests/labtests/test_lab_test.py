@@ -1,4 +1,6 @@
 """`gpufleet lab test -i INVENTORY`: users' own CI for their fleet, on lab hosts without GPUs.
+Its runs go through ansible-runner; its output carries Ansible's own (from the run's events),
+which these tests read.
 
 - The example inventory passes its preflight on the captured hardware of each host.
 - A copy with three mistakes fails before any change, naming each host and the fix:
@@ -98,7 +100,8 @@ def test_mistakes_fail_before_any_change_and_name_host_and_fix(tmp_path):
     assert "(r1-70b) (memory plan): TP=1: the weights (37.07 GiB per GPU)" in messages
     assert "short by" in messages and "Fix: raise tensor_parallel_size." in messages
     assert "(r1-32b-twin).port=8001 is already used by gpufleet_engines[0]; give each instance its own port" in messages
-    assert "unknown key ''contxt_length''; did you mean context_length?" in messages
+    # the engine role's argument spec refuses the typo first, listing the keys it takes
+    assert "gpufleet_engines.contxt_length. Supported parameters include" in messages
     # preflight is where it stopped: no later play started, on any host
     assert "PLAY [GPU stack]" not in out
     assert "gpufleet lab: preflight failed (exit 2)" in proc.stderr
@@ -147,6 +150,9 @@ def test_a_small_inventory_converges_on_cpu_and_streams(tmp_path):
     # (a readable plan of changes), the converge, and the idempotent re-run
     recaps = re.findall(r"^gpu-01\s+: ok=\d+\s+changed=(\d+)\s+unreachable=0\s+failed=0", proc.stdout, re.M)
     assert len(recaps) == 4 and recaps[0] == "0" and int(recaps[1]) > 10 and int(recaps[2]) > 10 and recaps[3] == "0"
+    # after each run's own output, the counts gpufleet read from ansible-runner's events: the same
+    counted = re.findall(r"^  gpu-01\s+ok\s+\d+\s+changed\s+(\d+)\s+failed 0\s+unreachable 0\s", proc.stdout, re.M)
+    assert counted == recaps
     assert "TASK [gpufleet.serving.container_runtime : Install Docker Engine]" in proc.stdout
     # site.yml's last gpu-host play streamed through the proxy (ok, not skipped), in both runs
     stream = r"TASK \[Stream one short completion through the host's proxy\] \**\nok: \[gpu-01\]"

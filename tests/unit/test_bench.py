@@ -15,6 +15,8 @@ import random
 import re
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -425,3 +427,41 @@ def test_text_table(capsys, monkeypatch):
     metric_rows = [line.split() for line in lines if len(line.split()) == 6 and line.split()[1] in ("TTFT", "E2E")]
     assert len(metric_rows) == 4
     assert "failed at concurrency 1: 2 x HTTP 500" in out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Without the OpenAI client (gpufleet installed without its bench extra)
+
+# `import openai` raises ImportError when sys.modules holds None for it: a Python without the package.
+_WITHOUT_OPENAI = (
+    "import sys; sys.modules['openai'] = None; from gpufleet.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def _gpufleet_without_openai(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OPENAI, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_bench_without_the_client_names_the_install_command_and_fails():
+    proc = _gpufleet_without_openai("bench", "http://127.0.0.1:9", "--requests", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert "gpufleet bench: the OpenAI client (the openai package) is not installed" in proc.stderr
+    assert bench.BENCH_EXTRA == "pip install 'gpufleet[bench]'" and bench.BENCH_EXTRA in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_other_commands_and_the_help_work_without_the_client():
+    from conftest import FIXTURES
+
+    for args in (["--help"], ["bench", "--help"], ["--version"]):
+        proc = _gpufleet_without_openai(*args)
+        assert proc.returncode == 0, (args, proc.stderr)
+    assert "pip install 'gpufleet[bench]'" in " ".join(_gpufleet_without_openai("bench", "--help").stdout.split())
+    shown = _gpufleet_without_openai("gpu", "show", str(FIXTURES / "8x_h100_sxm_nv18_12nic_numa_off"))
+    assert shown.returncode == 0 and "8 GPU(s)" in shown.stdout, shown.stderr
+
+
+def test_the_client_is_found_when_installed():
+    bench.require_openai()  # the test environment installs the bench extra (the test extra pulls it in)

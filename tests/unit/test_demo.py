@@ -1,10 +1,13 @@
-"""The screen `gpufleet demo up` ends with (the demo itself runs in tests/labtests/test_demo.py)."""
+"""`gpufleet demo up`: the screen it ends with, and its early stop without the OpenAI client (the demo
+itself runs in tests/labtests/test_demo.py)."""
 
 from __future__ import annotations
 
 import shlex
 import sys
 from pathlib import Path
+
+import pytest
 
 from gpufleet import demo
 
@@ -20,3 +23,15 @@ def test_ready_screen_gives_a_curl_line_that_parses_and_commands_that_run(monkey
     cli = str(Path(sys.executable).parent / "gpufleet")
     assert lines["status"] == "%s demo status" % cli and lines["remove"] == "%s demo down" % cli
     assert str(tmp_path / "gpufleet" / "demo" / "key") in lines["key"] and "(53 s)" in screen
+
+
+def test_demo_up_without_the_openai_client_stops_before_building_anything(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "openai", None)  # a Python without the package
+
+    def no_docker(*args):
+        raise AssertionError("the demo started building: %s" % (args,))
+
+    monkeypatch.setattr(demo.lab, "harness", no_docker)
+    with pytest.raises(demo.lab.LabError, match=r"pip install 'gpufleet\[bench\]'.*the demo streams its answer"):
+        demo.up()

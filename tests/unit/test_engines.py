@@ -6,18 +6,15 @@ import json
 
 import pytest
 from conftest import ROOT, read_fixture
+from engine_role import ROLE_DEFAULTS, role_defaults
 
 from ansible_collections.gpufleet.serving.plugins.filter.engine_plan import model_inventory
-from ansible_collections.gpufleet.serving.plugins.module_utils._engines import (
-    SURGE_PORT_OFFSET,
-    engine_args,
-    ipc_mode,
-    placement,
-    plan,
-    validate,
-)
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import engine_args, ipc_mode, placement
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import SURGE_PORT_OFFSET
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_validate import validate
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology import build_facts
-from ansible_collections.gpufleet.serving.plugins.module_utils._planner import load_model_config, parallel_errors
+from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import load_model_config, parallel_errors
 
 CONFIGS = ROOT / "tests" / "fixtures" / "model_configs"
 QWEN14 = (CONFIGS / "deepseek-r1-distill-qwen-14b.json").read_text()
@@ -44,8 +41,8 @@ def chat(**over):
     return inst
 
 
-def errors_of(*instances, gpu=GPU, models=MODELS):
-    return validate(list(instances), gpu=gpu, models=models, host=HOST)
+def errors_of(*instances, gpu=GPU, models=MODELS, defaults=None):
+    return validate(list(instances), gpu=gpu, models=models, host=HOST, defaults=defaults or role_defaults())
 
 
 def test_valid_instance_has_no_errors():
@@ -64,7 +61,7 @@ def test_valid_instance_has_no_errors():
             [chat(), chat(name="b", port=8002, gpus=[1], tensor_parallel_size=1)],
             ["GPU 1 is already given to gpufleet_engines[0]"],
         ),
-        ([chat(gpus=[1, 2])], ["GPU 2 does not exist on this host", "2 GPUs: 0-1"]),
+        ([chat(gpus=[1, 2])], ["GPU 2 does not exist on this host", "2 GPUs: 0, 1"]),
         ([chat(model="/srv/models/missing")], ["model=/srv/models/missing does not exist on this host"]),
         ([chat(max_num_seq=8)], ["unknown key 'max_num_seq'", "did you mean", "max_num_seqs"]),
         # a letter left out in the middle (found by `gpufleet lab test`; the old check compared position by position)
@@ -83,7 +80,31 @@ def test_valid_instance_has_no_errors():
         ),
         ([chat(name="Chat_1")], ["name='Chat_1'"]),
         ([chat(shm_size="64m")], ["shm_size='64m'", "Bus error"]),
-        ([chat(extra_args=["--api-key", "x"])], ["must not set --api-key"]),
+        ([chat(extra_args=["--api-key", "x"])], ["'--api-key' is --api-key, which gpufleet sets itself"]),
+        # the engines' parsers take '_' for '-' and any unambiguous prefix (argparse allow_abbrev)
+        ([chat(extra_args=["--api_key=x"])], ["'--api_key=x' is --api-key"]),
+        ([chat(extra_args=["--hos", "0.0.0.0"])], ["'--hos' is --host"]),
+        ([chat(extra_args=["--max_model_len", "9"])], ["sets the typed option max_model_len"]),
+        ([chat(extra_args=["--no-enable-prefix-caching"])], ["sets the typed option enable_prefix_caching"]),
+        ([chat(extra_args=["--disable-log-stats\n--privileged"])], ["contains a line break"]),
+        # a newline in the model path would put its own arguments into docker run
+        ([chat(model="/srv/models/x\n--privileged\n-v\n/:/host")], ["must be a plain absolute path"]),
+        ([chat(model="/srv/models/a:b")], ["no ':' or ','"]),
+        ([chat(model="/srv/models/a,b")], ["no ':' or ','"]),
+        ([chat(model="/srv/models/../etc")], ["no '.' or '..' segments"]),
+        ([chat(served_model_name="qwen\n--privileged")], ["served_model_name="]),
+        ([chat(image="vllm/vllm-openai:v1\n--privileged")], ["image=", "must be an image reference"]),
+        ([chat(image="Vllm/Upper:tag")], ["must be an image reference"]),
+        ([chat(reasoning_parser="deepseek_r1\n--privileged")], ["reasoning_parser=", "one word"]),
+        ([chat(env={"HF_TOKEN": "hf_x"})], ["HF_TOKEN looks like a secret", "secret_env"]),
+        ([chat(env={"VLLM_API_KEY": "k"})], ["VLLM_API_KEY is set by gpufleet"]),
+        ([chat(env={"X": "a\rb"})], ["env must map UPPER_CASE names to one-line strings"]),
+        ([chat(secret_env={"HF_TOKEN": "a", "lower": "b"})], ["secret_env must map UPPER_CASE names"]),
+        ([chat(env={"A": "1"}, secret_env={"A": "2"})], ["secret_env: A is set elsewhere"]),
+        ([chat(bind="0.0.0.0")], ["bind=0.0.0.0 puts the engine's port beyond this host without a key"]),
+        ([chat(drain_timeout=0)], ["drain_timeout=0 must be whole seconds from 1 to 86400"]),
+        ([chat(drain_timeout=True)], ["drain_timeout=True"]),
+        ([chat(name="chat\n")], ["name='chat\\n'"]),
         ([chat(engine="sglang", api_key="k" * 40)], ["SGLang takes its key only on the command line"]),
         ([chat(bind="localhost")], ["bind='localhost' must be an IP address"]),
         ([chat(swap_space=4)], ["swap_space", "vLLM 0.32 has no --swap-space"]),
@@ -97,6 +118,19 @@ def test_bad_input_is_named(instances, words):
     assert "gpufleet_engines[" in text
     for word in words:
         assert word in text
+
+
+def test_gpu_indices_are_checked_against_the_set_nvidia_smi_lists():
+    # a host whose GPUs are numbered 0 and 5 (one taken out with CUDA_VISIBLE_DEVICES-style numbering)
+    gpu = dict(GPU, devices=[dict(GPU["devices"][0], index=0), dict(GPU["devices"][1], index=5)])
+    assert "GPU 1 does not exist on this host (nvidia-smi lists 2 GPUs: 0, 5)" in " ".join(
+        errors_of(chat(gpus=[0, 1]), gpu=gpu)
+    )
+    assert errors_of(chat(gpus=[0, 5]), gpu=gpu) == []
+
+
+def test_a_key_makes_a_public_bind_valid():
+    assert errors_of(chat(bind="0.0.0.0", api_key="k" * 40)) == []
 
 
 def test_every_error_is_reported_at_once():
@@ -137,7 +171,8 @@ def test_vllm_args():
                             reasoning_parser="deepseek_r1", extra_args=["--disable-log-stats"]))  # fmt: skip
     assert args == [
         "--model", "/models/chat", "--served-model-name", "qwen", "--host", "127.0.0.1", "--port", "8001",
-        "--shutdown-timeout", "25",
+        # drains for its longest generation: 16384 tokens at 20 tokens/s
+        "--shutdown-timeout", "819",
         "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.92", "--max-model-len", "16384",
         "--no-enable-chunked-prefill", "--enable-prefix-caching", "--reasoning-parser", "deepseek_r1",
         "--disable-log-stats",
@@ -150,6 +185,7 @@ def test_sglang_args():
                 quantization="awq")  # fmt: skip
     assert engine_args(inst) == [
         "--model-path", "/models/chat", "--served-model-name", "chat", "--host", "127.0.0.1", "--port", "8001",
+        "--enable-metrics",  # status and the rollout read its /metrics
         "--tp-size", "2", "--mem-fraction-static", "0.85", "--context-length", "8192",
         "--max-running-requests", "32", "--chunked-prefill-size", "4096", "--disable-radix-cache",
         "--disable-cuda-graph", "--quantization", "awq",
@@ -183,7 +219,7 @@ def test_placement_follows_the_gpus_numa_node():
 
 def test_render_has_no_secret_and_mounts_model_read_only():
     result = plan([chat(api_key="s3cret-" * 6)], gpu=GPU, models=MODELS, host=HOST,
-                  defaults={"env_files": ["/etc/gpufleet/nccl.env"]})  # fmt: skip
+                  defaults=role_defaults(env_files=["/etc/gpufleet/nccl.env"]))  # fmt: skip
     assert result["errors"] == []
     (inst,) = result["instances"]
     args = inst["docker_args"]
@@ -194,16 +230,20 @@ def test_render_has_no_secret_and_mounts_model_read_only():
     assert "/etc/gpufleet/engines/chat/secret.env:/run/gpufleet/secret.env:ro" in args
     assert args[args.index("--cpuset-cpus") + 1] == "0-31"
     assert args[args.index("--env-file") + 1] == "/etc/gpufleet/nccl.env"
-    assert "memlock=-1" in args and "stack=67108864" in args and "nofile=1048576:1048576" in args
+    ulimits = ROLE_DEFAULTS["engine_ulimits"]
+    assert ulimits["memlock"] == "-1"  # pinned host buffers for NCCL/CUDA
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--ulimit"] == [
+        "%s=%s" % (k, ulimits[k]) for k in sorted(ulimits)
+    ]
     assert "HF_HUB_OFFLINE=1" in args
-    image_at = args.index("vllm/vllm-openai:v0.32.0")
+    image_at = args.index(ROLE_DEFAULTS["engine_images"]["vllm_nvidia"])
     assert args[image_at - 2 : image_at] == ["--entrypoint", "/bin/sh"]
     assert args[image_at + 4 : image_at + 7] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert inst["unit"] == "gpufleet-engine@chat.service"
 
 
 def test_plan_returns_no_instances_on_errors():
-    result = plan([chat(gpus=[7])], gpu=GPU, models=MODELS, host=HOST)
+    result = plan([chat(gpus=[7])], gpu=GPU, models=MODELS, host=HOST, defaults=role_defaults())
     assert result["instances"] == [] and result["errors"]
 
 
@@ -246,13 +286,13 @@ def test_pending_download_defers_the_model_checks():
     ],
 )  # fmt: skip
 def test_kv_bytes_per_token(config, tp, kv_dtype, expected):
-    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import kv_bytes_per_token
+    from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import kv_bytes_per_token
 
     assert kv_bytes_per_token(load_model_config(config), tp, kv_dtype) == expected
 
 
 def test_kv_cache_tokens_round_to_whole_blocks():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import kv_cache_tokens
+    from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import kv_cache_tokens
 
     assert kv_cache_tokens(2**30, 1024, 16) == 1_048_576
     assert kv_cache_tokens(2**30, 3072, 16) == 349_520  # 21,845 whole blocks of 16
@@ -273,7 +313,7 @@ def test_kv_cache_tokens_round_to_whole_blocks():
     ],
 )  # fmt: skip
 def test_parameter_counts_match_published_totals(name, published):
-    from ansible_collections.gpufleet.serving.plugins.module_utils._planner import parameter_count
+    from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import parameter_count
 
     config = load_model_config((CONFIGS / ("%s.json" % name)).read_text())
     assert abs(parameter_count(config) - published) / published < 0.005
@@ -285,7 +325,7 @@ H100 = build_facts(summary=read_fixture("8x_h100_sxm_thamada", "nvidia-smi.txt")
 
 
 def surge_of(instances, gpu=GPU, host=HOST, **defaults):
-    result = plan(instances, gpu=gpu, models=MODELS, host=host, defaults=defaults)
+    result = plan(instances, gpu=gpu, models=MODELS, host=host, defaults=role_defaults(**defaults))
     assert result["errors"] == []
     return {i["name"]: i["surge"] for i in result["instances"]}
 
@@ -342,3 +382,53 @@ def test_surge_port_clashes_are_named():
     assert any("gpufleet_engines[0]" in e and "9001" in e and "set surge_port" in e for e in errors), errors
     assert any("surge_port=70000" in e for e in errors_of(chat(surge_port=70000)))
     assert errors_of(chat(name="a", port=8001, surge_port=8500)) == []
+
+
+# ---------------------------------------------------------------- what the preflight prints
+
+
+def test_the_preflight_report_of_an_instance():
+    (inst,) = plan([chat()], gpu=GPU, models=MODELS, host=HOST, defaults=role_defaults())["instances"]
+    head, *memory, restart = inst["report"]
+    assert head == (
+        "chat: vllm on nvidia, image %s, port 8001, ipc host, cpuset 0-31 mems 0 (GPUs [0, 1] sit on NUMA node 0); "
+        "args: %s" % (ROLE_DEFAULTS["engine_images"]["vllm_nvidia"], " ".join(inst["engine_args"]))
+    )
+    assert memory == inst["memory_plan"]
+    assert memory[0].startswith("per GPU: weights ") and memory[0].endswith(" GiB")
+    assert memory[1].startswith("KV cache: ") and memory[1].endswith(" requests at full length")
+    assert restart.startswith("restart: stop-before-start (no 2 idle GPUs beside GPUs [0, 1], and ")
+    (copy,) = plan([chat(gpus=[0, 1])], gpu=H100, models=MODELS, host=HOST, defaults=role_defaults())["instances"]
+    gpus = copy["surge"]["gpus"]
+    assert copy["report"][
+        -1
+    ] == "restart: start-before-stop, a copy on port 9001 and GPUs %s first (GPUs %s are idle)" % (
+        gpus,
+        gpus,
+    )
+
+
+def test_without_gpu_memory_sizes_the_plan_says_it_skipped():
+    topo_only = build_facts(topo=read_fixture("2x_rtx4090_threadripper_pro_wrx80", "topo-m.txt"))
+    (inst,) = plan([chat()], gpu=topo_only, models=MODELS, host=HOST, defaults=role_defaults())["instances"]
+    assert inst["memory_plan"] == ["memory plan skipped: nvidia-smi gave no memory size for GPUs [0, 1]"]
+    assert inst["report"][1] == inst["memory_plan"][0]
+
+
+def test_an_instance_needs_an_image_from_somewhere():
+    errors = errors_of(chat(), defaults=role_defaults(images={"vllm_cpu": "x:1"}))
+    assert errors == [
+        "gpufleet_engines[0] (chat).image is unset and engine_images has no vllm_nvidia entry; set either (an image "
+        "with a pinned tag)."
+    ]
+    assert errors_of(chat(image="registry.local/vllm:1"), defaults=role_defaults(images={})) == []
+
+
+def test_the_deployed_record_is_what_runs():
+    (inst,) = plan([chat()], gpu=GPU, models=MODELS, host=HOST, defaults=role_defaults())["instances"]
+    record = inst["deployed"]
+    assert record["tensor_parallel_size"] == 2 and record["gpus"] == [0, 1] and record["port"] == 8001
+    # the planned values it runs with, not only the pinned ones
+    args = inst["engine_args"]
+    assert record["max_model_len"] == int(args[args.index("--max-model-len") + 1])
+    assert record["options"]["gpu_memory_utilization"] == float(args[args.index("--gpu-memory-utilization") + 1])

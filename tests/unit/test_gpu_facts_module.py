@@ -21,6 +21,7 @@ QUERY = (SMI, "--query-gpu=index,name,uuid,memory.total,pci.bus_id,driver_versio
 PLAIN = (SMI,)
 TOPO = (SMI, "topo", "-m")
 P2P = (SMI, "topo", "-p2p", "r")
+TIMEOUT_PREFIX = ("/usr/bin/timeout", "--kill-after=5", "30s")
 DRIVER_DOWN = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running.\n"
@@ -69,6 +70,28 @@ CASES = [
         {"count": 0, "p2p.recommended": True, "problem": "nvidia-smi failed: " + DRIVER_DOWN.strip()},
         id="driver-not-loaded",
     ),
+    pytest.param(
+        {"machine": "hung-driver"},
+        # coreutils timeout exits 124 when it had to stop the command
+        {QUERY: _fail(124), PLAIN: _fail(124), TOPO: _fail(124), P2P: _fail(124)},
+        {"count": 0, "problem": "nvidia-smi failed: %s did not answer within 30 s (a hung driver or GPU?)" % SMI},
+        id="nvidia-smi-hangs",
+    ),
+    pytest.param(
+        {"machine": "bare-carriage-return"},
+        {
+            # a bare CR inside a row: csv.reader raised csv.Error out of the parser before
+            QUERY: _ok(
+                "index, name, uuid, memory.total [MiB], pci.bus_id, driver_version\r"
+                "0, NVIDIA L4, GPU-x, 23034 MiB, 00000000:01:00.0, 550.54.15\r\n"
+            ),
+            PLAIN: _fail(2),
+            TOPO: _fail(2),
+            P2P: _fail(2),
+        },
+        {"count": 1, "devices.0.name": "NVIDIA L4", "problem": None},
+        id="csv-with-bare-cr",
+    ),
 ]
 
 
@@ -80,9 +103,17 @@ def _run_module(monkeypatch, tmp_path, params, calls, check_mode=False):
     made = []
 
     def run_command(self, argv, **kwargs):
-        made.append(tuple(argv))
+        # every call runs under coreutils timeout (a hung nvidia-smi must not hang the play)
+        assert tuple(argv[:3]) == TIMEOUT_PREFIX, argv
+        argv = tuple(argv[3:])
+        made.append(argv)
         assert kwargs.get("environ_update") == {"LC_ALL": "C"}
-        return calls[tuple(argv)]
+        return calls[argv]
+
+    real_bin_path = basic.AnsibleModule.get_bin_path
+
+    def get_bin_path(self, name, *a, **k):
+        return "/usr/bin/timeout" if name == "timeout" else real_bin_path(self, name, *a, **k)
 
     def exit_json(self, **result):
         raise _Exit(result)
@@ -94,6 +125,8 @@ def _run_module(monkeypatch, tmp_path, params, calls, check_mode=False):
     monkeypatch.setattr(basic, "_ANSIBLE_ARGS", to_bytes(json.dumps({"ANSIBLE_MODULE_ARGS": args})))
     monkeypatch.setattr(basic, "_ANSIBLE_PROFILE", "legacy")
     monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    if basic.AnsibleModule.get_bin_path.__name__ != "<lambda>":
+        monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", get_bin_path)
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
     monkeypatch.setattr(os, "access", lambda path, mode: path == SMI or os.path.exists(path))
@@ -104,7 +137,7 @@ def _run_module(monkeypatch, tmp_path, params, calls, check_mode=False):
 
 def _get(facts, dotted):
     for part in dotted.split("."):
-        facts = facts[part]
+        facts = facts[int(part)] if isinstance(facts, list) else facts[part]
     return facts
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from engine_role import role_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = ROOT / "inventories" / "lab"
@@ -41,6 +42,18 @@ def _facts(fixture):
     )  # fmt: skip
 
 
+def _pasted_plan(host):
+    """The plan lines pasted in the comment of a host's file ('#   ' starts one, '#       '
+    continues it, wrapped at spaces or after hyphens)."""
+    lines = []
+    for text in (INVENTORY / "host_vars" / ("%s.yml" % host)).read_text().splitlines():
+        if text.startswith("#       "):
+            lines[-1] += ("" if lines[-1].endswith("-") else " ") + text[8:]
+        elif text.startswith("#   "):
+            lines.append(text[4:])
+    return lines
+
+
 def test_inventory_groups():
     assert set(HOSTVARS) == {"ws-4090-r1-70b", "ws-4090-r1-32b", "ws-3090-r1-14b", "ws-4090-sglang", "h100-node-01"}
     assert all("gpu_hosts" in v["group_names"] for v in HOSTVARS.values())
@@ -48,7 +61,7 @@ def test_inventory_groups():
 
 @pytest.mark.parametrize("host", sorted(HOSTVARS))
 def test_every_host_plans_against_its_hardware(host, capsys):
-    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import plan
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
     from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import plan_proxy
 
     hv = HOSTVARS[host]
@@ -59,13 +72,18 @@ def test_every_host_plans_against_its_hardware(host, capsys):
         path: {"exists": True, "config": (FIXTURES / "model_configs" / ("%s.json" % name)).read_text()}
         for path, name in hv["gpufleet_lab_model_configs"].items()
     }
-    result = plan(hv["gpufleet_engines"], gpu=gpu, models=models)
+    result = plan(hv["gpufleet_engines"], gpu=gpu, models=models, defaults=role_defaults())
     assert result["errors"] == [], result["errors"]
     for inst in result["instances"]:
         assert inst["memory_plan"] and not inst["memory_plan"][0].startswith("memory plan skipped"), inst["memory_plan"]
         print("%s %s: %s" % (host, inst["name"], " ".join(inst["engine_args"][6:])))
         for line in inst["memory_plan"]:
             print("  " + line)
+        # the plan pasted in the host's file is the one the engine role makes, line for line
+        pasted = _pasted_plan(host)
+        assert "%s: %s" % (inst["name"], " ".join(inst["engine_args"][6:])) in pasted, (host, pasted)
+        for line in inst["memory_plan"]:
+            assert line in pasted, (host, line)
     # the proxy role's preflight settings: its defaults under the host's variables
     pv = dict(yaml.safe_load((ROOT / "roles" / "proxy" / "defaults" / "main.yml").read_text()), **hv)
     keys = ("listen_port", "instances", "endpoints", "api_keys", "rate_limit", "client_max_body_size", "read_timeout",
@@ -76,7 +94,7 @@ def test_every_host_plans_against_its_hardware(host, capsys):
 
 
 def test_a_typo_in_the_inventory_is_named():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import validate
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_validate import validate
 
     inst = dict(HOSTVARS["ws-4090-r1-32b"]["gpufleet_engines"][0])
     inst["max_model_length"] = inst.pop("max_model_len")

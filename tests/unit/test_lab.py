@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet import lab
+from gpufleet import lab, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,3 +73,71 @@ def test_the_lab_needs_a_checkout(monkeypatch, tmp_path):
     monkeypatch.setattr(lab, "collection_root", lambda: tmp_path)  # an installed copy: no tests/lab
     with pytest.raises(lab.LabError, match="from a clone of gpufleet"):
         lab.harness("image", "host")
+
+
+class FakePlay:
+    """Stands in for runner.play: records each request, returns the next outcome (rc, changed per host)."""
+
+    def __init__(self, *results: tuple[int, dict[str, int]]):
+        self.results, self.requests = list(results), []
+
+    def __call__(self, req):
+        self.requests.append(req)
+        rc, changed = self.results.pop(0)
+        view = runner.RunView(quiet=True)
+        for host, count in changed.items():
+            view.host(host).changed = count
+        return runner.Outcome(rc=rc, status="successful" if rc == 0 else "failed", log=Path("/log"), view=view)
+
+
+@pytest.fixture
+def no_docker(monkeypatch):
+    """The lab's Docker steps replaced: the stages and what they hand to the runner are what is tested."""
+    removed = []
+    monkeypatch.setattr(lab, "harness", lambda *args: "/x/%s" % "-".join(args))
+    monkeypatch.setattr(lab, "start_hosts", lambda *a, **kw: None)
+    monkeypatch.setattr(lab, "stage_hardware", lambda *a: None)
+    monkeypatch.setattr(lab, "remove_hosts", removed.extend)
+    return removed
+
+
+def _inventory(tmp_path: Path) -> Path:
+    path = tmp_path / "hosts.yml"
+    host = {
+        "gpufleet_lab_gpu_fixture": "2x_rtx4090_threadripper_pro_wrx80",
+        "gpufleet_engines": [{"name": "qwen", "model": "/srv/m", "port": 8001}],
+    }
+    path.write_text(yaml.safe_dump({"all": {"children": {"gpu_hosts": {"hosts": {"gpu-01": host}}}}}))
+    return path
+
+
+def test_lab_test_runs_site_yml_through_the_runner_stage_by_stage(no_docker, monkeypatch, tmp_path, capsys):
+    fake = FakePlay((0, {}), (0, {"gpu-01": 14}), (0, {"gpu-01": 14}), (0, {}))
+    monkeypatch.setattr(runner, "play", fake)
+    assert lab.lab_test(_inventory(tmp_path), converge=True) == 0
+    preflight, check, converge, again = fake.requests
+    assert all(r.playbook == "site" and r.inventory == str(tmp_path / "hosts.yml") for r in fake.requests)
+    assert all(r.verbose == 1 for r in fake.requests)  # Ansible's own output in lab test's output
+    assert (preflight.check, preflight.diff, preflight.tags) == (True, True, "preflight")
+    assert preflight.extravars["ansible_connection"] == "community.docker.docker"
+    assert "gpufleet_engines" not in preflight.extravars  # the user's own variables, unchanged
+    assert (check.check, check.diff, converge.check, again.check) == (True, True, False, False)
+    engines = converge.extravars["gpufleet_lab_engines"]["gpu-01"]
+    assert [(e["name"], e["port"], e["accelerator"]) for e in engines] == [("qwen", 8001, "cpu")]
+    assert "converged, idempotent and streaming on 1 hosts" in capsys.readouterr().err
+    assert no_docker == ["gpufleet-labtest-gpu-01"]
+
+
+def test_lab_test_fails_when_the_second_run_changes_something(no_docker, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(runner, "play", FakePlay((0, {}), (0, {}), (0, {"gpu-01": 14}), (0, {"gpu-01": 1})))
+    assert lab.lab_test(_inventory(tmp_path), converge=True) == 1
+    assert "not idempotent: changed on {'gpu-01': 1}" in capsys.readouterr().err
+
+
+def test_lab_test_stops_at_a_failed_preflight(no_docker, monkeypatch, tmp_path, capsys):
+    fake = FakePlay((2, {}))
+    monkeypatch.setattr(runner, "play", fake)
+    assert lab.lab_test(_inventory(tmp_path), converge=True) == 2
+    assert len(fake.requests) == 1
+    assert "gpufleet lab: preflight failed (exit 2)" in capsys.readouterr().err
+    assert no_docker == ["gpufleet-labtest-gpu-01"]

@@ -23,9 +23,10 @@ import json
 from pathlib import Path
 
 import pytest
+from engine_role import role_defaults
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan as mp
-from ansible_collections.gpufleet.serving.plugins.module_utils import _planner as planner
+from ansible_collections.gpufleet.serving.plugins.module_utils import _model_shape as shape
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
 GIB = 2**30
@@ -33,7 +34,7 @@ H100_CUDA_TOTAL = int(79.19 * GIB)  # R1
 
 
 def config(name):
-    return planner.load_model_config((CONFIGS / ("%s.json" % name)).read_text())
+    return shape.load_model_config((CONFIGS / ("%s.json" % name)).read_text())
 
 
 def plan24(name, gpus=1, **pins):
@@ -62,15 +63,15 @@ def plan24(name, gpus=1, **pins):
 )
 def test_weights_per_gpu_match_logged_model_loading(name, tp, published_gib, tolerance):
     c = config(name)
-    got = planner.weights_per_gpu(c, tp, quantization=planner.quantization_of(c))["total"] / GIB
+    got = shape.weights_per_gpu(c, tp, quantization=shape.quantization_of(c))["total"] / GIB
     assert abs(got - published_gib) / published_gib <= tolerance, got
 
 
 def test_awq_is_about_a_quarter_of_bf16_and_not_a_flat_factor():
     awq = config("llama-3.1-70b-instruct-awq")
     bf16 = config("llama-3.1-70b-instruct")
-    w_awq = planner.weights_per_gpu(awq, 1, quantization=planner.quantization_of(awq))
-    w_bf16 = planner.weights_per_gpu(bf16, 1)
+    w_awq = shape.weights_per_gpu(awq, 1, quantization=shape.quantization_of(awq))
+    w_bf16 = shape.weights_per_gpu(bf16, 1)
     # the quantized matrices shrink to 0.5195 B/param; embeddings and lm_head stay 16-bit
     assert w_awq["embedding"] == w_bf16["embedding"] and w_awq["lm_head"] == w_bf16["lm_head"]
     assert w_awq["linear"] / w_bf16["linear"] == pytest.approx((0.5 + 2 / 128 + 0.5 / 128) / 2, rel=1e-6)
@@ -78,8 +79,8 @@ def test_awq_is_about_a_quarter_of_bf16_and_not_a_flat_factor():
 
 def test_kv_heads_replicate_when_tp_exceeds_them():
     c = config("llama-3.1-70b-instruct")  # 8 KV heads
-    w8 = planner.weights_per_gpu(c, 8)["linear"]
-    w16 = planner.weights_per_gpu(c, 16)["linear"]
+    w8 = shape.weights_per_gpu(c, 8)["linear"]
+    w16 = shape.weights_per_gpu(c, 16)["linear"]
     # at TP 16 every rank still holds one whole K and V head: more than half the TP 8 share
     assert w16 > w8 / 2
 
@@ -111,10 +112,10 @@ def test_kv_cache_tokens_match_the_engine_on_an_h100(name, published_tokens):
 
 def test_kv_tokens_from_the_logged_kv_memory():
     # R4 and R2: the engine's token count from its own "Available KV cache memory", in 16-token blocks
-    assert planner.kv_cache_tokens(int(19.28 * GIB), 131072, 16) == 157_936
-    per_token = planner.kv_bytes_per_token(config("llama-3.1-70b-instruct-awq"), 1)
+    assert shape.kv_cache_tokens(int(19.28 * GIB), 131072, 16) == 157_936
+    per_token = shape.kv_bytes_per_token(config("llama-3.1-70b-instruct-awq"), 1)
     assert per_token == 327_680
-    assert abs(planner.kv_cache_tokens(int(38.71 * GIB), per_token, 16) - 126_832) <= 16
+    assert abs(shape.kv_cache_tokens(int(38.71 * GIB), per_token, 16) - 126_832) <= 16
 
 
 def test_cuda_graph_estimate_is_in_the_published_range():
@@ -228,8 +229,9 @@ def test_sglang_plan_uses_sglang_options_and_token_pages():
     assert plan["fits"] and plan["block_size"] == 1
     assert set(plan["options"]) >= {"context_length", "mem_fraction_static", "chunked_prefill_size"}
     assert "max_model_len" not in plan["options"] and "gpu_memory_utilization" not in plan["options"]
-    args = mp.engine_args(plan["options"], "sglang")
+    args = plan["engine_args"]
     assert args["--context-length"] == 8192 and "--mem-fraction-static" in args
+    assert "--max-model-len" not in args and "--gpu-memory-utilization" not in args
 
 
 def test_cpu_plan_is_the_kv_space_in_128_token_blocks():
@@ -269,11 +271,11 @@ def _facts(mib=24564, count=2):
 
 
 def test_engine_preflight_takes_planned_values_for_unpinned_options():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import plan
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
 
     models = {"/m/14b": {"exists": True, "config": (CONFIGS / "deepseek-r1-distill-qwen-14b.json").read_text()}}
     inst = {"name": "r1", "engine": "vllm", "model": "/m/14b", "port": 8000, "gpus": [0, 1], "max_num_seqs": 16}
-    out = plan([inst], gpu=_facts(), models=models)
+    out = plan([inst], gpu=_facts(), models=models, defaults=role_defaults())
     assert out["errors"] == []
     args = out["instances"][0]["engine_args"]
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
@@ -283,11 +285,11 @@ def test_engine_preflight_takes_planned_values_for_unpinned_options():
 
 
 def test_engine_preflight_refuses_what_will_not_fit_before_any_change():
-    from ansible_collections.gpufleet.serving.plugins.module_utils._engines import plan
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
 
     models = {"/m/14b": {"exists": True, "config": (CONFIGS / "deepseek-r1-distill-qwen-14b.json").read_text()}}
     inst = {"name": "r1", "engine": "vllm", "model": "/m/14b", "port": 8000, "gpus": [0]}
-    out = plan([inst], gpu=_facts(), models=models)
+    out = plan([inst], gpu=_facts(), models=models, defaults=role_defaults())
     assert out["instances"] == []
     assert out["errors"][0].startswith("gpufleet_engines[0] (r1) (memory plan): TP=1: the weights (27.54 GiB")
 
@@ -341,3 +343,22 @@ def test_cli_refusal_prints_the_table_and_exits_2(capsys):
                       "--gpus", "4", "--tensor-parallel-size", "3")  # fmt: skip
     assert rc == 2
     assert "fits       NO" in out and "tensor_parallel_size=3 does not divide the model's 32 attention heads" in out
+
+
+def test_awq_and_gptq_run_in_float16_unless_pinned():
+    # an AWQ checkpoint whose config.json says bfloat16 (AutoAWQ writes float16; some exports do not)
+    awq = dict(config("qwen2.5-32b-instruct-awq"), torch_dtype="bfloat16")
+    quant = shape.quantization_of(awq)
+    assert quant["method"] == "awq"
+    assert shape.weight_dtype(awq, quant) == "float16"
+    assert shape.weight_dtype(awq, quant, "auto") == "float16"  # 'auto' is no pin
+    assert shape.weight_dtype(awq, quant, "bfloat16") == "bfloat16"
+    dense = config("llama-3.1-8b-instruct")
+    assert shape.weight_dtype(dense, shape.quantization_of(dense)) == "bfloat16"
+    # the plan follows the same rule, also when an instance pins dtype auto
+    for pins in ({}, {"dtype": "auto"}):
+        got = mp.plan_memory(awq, gpus=2, gpu_memory_bytes=mp.usable_bytes(gib=24), pins=pins)
+        assert got["model"]["dtype"] == "float16" and got["dtype"] == "float16", pins
+    # vLLM runs a float32 checkpoint in bfloat16 on a GPU, in float32 on a CPU
+    f32 = dict(dense, torch_dtype="float32")
+    assert shape.weight_dtype(f32, on_gpu=True) == "bfloat16" and shape.weight_dtype(f32) == "float32"

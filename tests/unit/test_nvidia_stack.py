@@ -20,7 +20,7 @@ import pytest
 from ansible_collections.gpufleet.serving.plugins.module_utils import _nvidia_stack as stack
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKER = ROOT / "roles" / "nvidia_driver" / "files" / "apt-sources-check"
+CHECKER = ROOT / "roles" / "common" / "files" / "apt-sources-check"
 
 
 @pytest.mark.parametrize(
@@ -232,7 +232,8 @@ def _render(role, template, **variables):
          {"__blocks": stack.debian_source_blocks(DEBIAN_SOURCES), "nvidia_driver_debian_mirror": "",
           "ansible_facts": {"distribution_release": "bookworm"}},
          "mirror.example/debian/dists/bookworm/non-free-firmware/binary-"),
-        ("nvidia_driver", "local.sources.j2", {"nvidia_driver_local_dir": "/srv/nvidia-driver"},
+        ("common", "local.sources.j2",
+         {"common_local_apt_repo_dir": "/srv/nvidia-driver", "common_local_apt_repo_comment": "NVIDIA driver packages"},
          "file:/srv/nvidia-driver"),
         ("container_runtime", "nvidia-container-toolkit.sources.j2",
          {"container_runtime_nvidia_toolkit_repo_url": "https://nvidia.github.io/libnvidia-container/stable/deb"},

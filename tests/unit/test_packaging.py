@@ -106,7 +106,7 @@ def test_collection_tarball_has_no_tests_ci_or_caches(tarball_names):
     names = tarball_names
     tops = {n.split("/")[0] for n in names}
     assert {"MANIFEST.json", "FILES.json", "README.md", "meta", "plugins", "roles"} <= tops
-    for banned in ("tests", ".ci", ".cache", ".venv", "extensions", "src", "dist", "build", ".git", "context"):
+    for banned in ("tests", "tools", ".ci", ".cache", ".venv", "molecule", "src", "dist", "build", ".git", "context"):
         assert banned not in tops, banned
     for banned in ("setup.py", "pyproject.toml", "execution-environment.yml", "Makefile", ".ansible-lint-ignore"):
         assert banned not in names, banned
@@ -145,7 +145,7 @@ def test_checkout_copy_is_found_first(monkeypatch):
     assert copy.envvars()["ANSIBLE_COLLECTIONS_PATH"].startswith(str(ROOT / "collections") + ":~/.ansible")
 
 
-BANNED_IN_WHEEL = re.compile(r"(tests|\.venv|\.cache|extensions|src|build|collections/ansible_collections)/")
+BANNED_IN_WHEEL = re.compile(r"(tests|\.venv|\.cache|molecule|src|build|collections/ansible_collections)/")
 
 
 def test_wheel_carries_the_collection_and_nothing_else(wheel_names):
@@ -160,11 +160,12 @@ def test_wheel_carries_the_collection_and_nothing_else(wheel_names):
         "playbooks/rollout.yml",
         "inventories/lab/hosts.yml",
         "plugins/modules/gpu_facts.py",
-        "plugins/module_utils/_planner.py",
+        "plugins/module_utils/_model_shape.py",
         *("roles/%s/meta/argument_specs.yml" % role for role in roles),
     ]
     assert not [n for n in needed if PACKAGED + n not in names]
     assert {"gpufleet/cli.py", "gpufleet/_collection.py"} <= names
+    assert not [n for n in names if "roledocs" in n]  # a development tool (tools/), not the product
     for name in names:
         assert name.startswith(("gpufleet/", "gpufleet-%s.dist-info/" % __version__)), name
         inner = name[len(PACKAGED) :] if name.startswith(PACKAGED) else None
@@ -174,6 +175,27 @@ def test_wheel_carries_the_collection_and_nothing_else(wheel_names):
         assert not BANNED_IN_WHEEL.match(inner), name
         assert inner not in ("setup.py", "pyproject.toml", "Makefile", "ansible.cfg"), name
         assert "__pycache__" not in inner and not inner.endswith(".pyc"), name
+
+
+def test_wheel_metadata_makes_the_bench_client_an_extra(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read("gpufleet-%s.dist-info/METADATA" % __version__).decode()
+    requires = [Requirement(line.split(":", 1)[1]) for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    openai = [r for r in requires if canonicalize_name(r.name) == "openai"]
+    assert openai and all(r.marker and r.marker.evaluate({"extra": "bench"}) for r in openai)
+    assert not [r for r in openai if r.marker.evaluate({"extra": ""})], "openai must not be a plain dependency"
+    assert "Provides-Extra: bench" in meta.splitlines()
+
+
+def test_the_bench_extra_holds_the_client_and_the_test_extra_pulls_it_in():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    assert "openai" not in names  # every command but `gpufleet bench` (and the demo's answer) works without it
+    extras = project["optional-dependencies"]
+    assert [canonicalize_name(Requirement(r).name) for r in extras["bench"]] == ["openai"]
+    pulled = [Requirement(r) for r in extras["test"] if canonicalize_name(Requirement(r).name) == "gpufleet"]
+    assert [r.extras for r in pulled] == [{"bench"}]
+    assert "openai" in _constraints()  # what CI installs (make setup: .[test])
 
 
 def test_wheel_collection_is_the_galaxy_tarball(wheel_names, tarball):
@@ -316,9 +338,10 @@ def test_execution_environment_pins_what_ci_installs(ee):
     declared = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
     in_ee = {_exact(deps[k]["package_pip"])[0] for k in ("ansible_core", "ansible_runner")}
     in_ee |= {_exact(r)[0] for r in deps["python"]}
-    # `ansible` (the community package) is replaced in the EE by its collections from Galaxy;
-    # `openai` is the client of `gpufleet bench`, a CLI command: the EE runs playbooks only.
-    assert declared - {"ansible", "openai"} <= in_ee
+    # `ansible` (the community package) is replaced in the EE by its collections from Galaxy.
+    # The EE runs playbooks only: the bench extra (openai, for `gpufleet bench`) is not in it.
+    assert declared - {"ansible"} <= in_ee
+    assert "openai" not in in_ee
 
 
 def test_execution_environment_collections_are_galaxy_yml_dependencies(ee):

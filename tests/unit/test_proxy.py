@@ -54,7 +54,16 @@ def test_replicas_balance_with_one_engine_key():
         ({"api_keys": []}, ENGINES, ["proxy_api_keys is empty"]),
         ({"api_keys": [{"name": "t", "key": KEY_A}, {"name": "t", "key": "b" * 32}]}, ENGINES, ["used twice"]),
         ({"api_keys": [{"name": "t", "key": "has space" + "x" * 30}]}, ENGINES, ["characters outside"]),
-        ({"endpoints": ["/v1/models", "/metrics"]}, ENGINES, ["'/metrics' must be an OpenAI path under /v1/"]),
+        ({"endpoints": ["/v1/models", "/metrics"]}, ENGINES, ["'/metrics' is not an inference path clients may reach"]),
+        # vLLM serves LoRA loading under /v1: a control path, never an endpoint
+        ({"endpoints": ["/v1/load_lora_adapter"]}, ENGINES, ["'/v1/load_lora_adapter' is not an inference path"]),
+        ({"endpoints": ["/v1/unload_lora_adapter"]}, ENGINES, ["'/v1/unload_lora_adapter' is not an inference path"]),
+        ({"endpoints": ["/v1/models", "/v1/models"]}, ENGINES, ["lists a path twice"]),
+        ({"auth_fail_rate": "10 per minute"}, ENGINES, ["proxy_auth_fail_rate='10 per minute'"]),
+        ({"auth_fail_burst": -1}, ENGINES, ["proxy_auth_fail_burst=-1 must be a whole number of at least 1"]),
+        ({"trusted_proxies": ["10.0.0.0/8 ; deny"]}, ENGINES, ["proxy_trusted_proxies="]),
+        # a key with a line break would add lines to the nginx map
+        ({"api_keys": [{"name": "t", "key": "k" * 40 + "\n"}]}, ENGINES, ["characters outside"]),
         ({"instances": ["r3"]}, ENGINES, ["proxy_instances: 'r3' is not an instance"]),
         ({}, [dict(ENGINES[0]), dict(ENGINES[1], served_model_name="llama")], ["serve different models"]),
         ({}, [dict(ENGINES[0]), dict(ENGINES[1], api_key="f" * 40)], ["different api_key values"]),

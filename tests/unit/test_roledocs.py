@@ -1,8 +1,9 @@
-"""Role docs rendered from meta/argument_specs.yml, and the --check that keeps them in sync."""
+"""Role docs rendered from meta/argument_specs.yml by tools/roledocs.py (a development tool, in
+neither the wheel nor the collection tarball), and the --check that keeps them in sync."""
 
 from __future__ import annotations
 
-import os
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -13,7 +14,18 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from gpufleet import roledocs
+TOOL = ROOT / "tools" / "roledocs.py"
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location("roledocs", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+roledocs = _load_tool()
 
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if p.is_dir())
 CELL_SPLIT = re.compile(r"(?<!\\)\|")
@@ -231,22 +243,66 @@ def test_check_lists_every_stale_file(tree, capsys):
     assert roledocs.main(["--root", str(tree), "--check"]) == 0
 
 
-def test_module_entry_point_checks_a_fresh_tree(tree):
-    subprocess.run([sys.executable, "-m", "gpufleet.roledocs", "--root", str(tree)], check=True, env=_env())
+def test_the_script_checks_a_fresh_tree(tree):
+    assert roledocs.COMMAND == "python tools/roledocs.py"
+    subprocess.run([sys.executable, str(TOOL), "--root", str(tree)], check=True, capture_output=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "gpufleet.roledocs", "--root", str(tree), "--check"],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        check=False,
+        [sys.executable, str(TOOL), "--root", str(tree), "--check"], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    return env
+def test_the_script_checks_this_checkout_by_default():
+    # the checkout's own docs are what `make lint` checks: exit 0 in sync, 1 out of date, never a crash
+    proc = subprocess.run([sys.executable, str(TOOL), "--check"], cwd="/", capture_output=True, text=True, check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "role docs: " in proc.stdout
+
+
+OPTIONS = {"zz_same_port": {"type": "int", "default": 1, "description": "Port."}}
+
+
+def test_an_entry_point_with_mains_options_says_so_instead_of_repeating_them(tree):
+    add_role(
+        tree,
+        "zz_same",
+        {
+            "main": {"short_description": "Same", "options": OPTIONS},
+            "preflight": {"short_description": "Checks before any change", "options": dict(OPTIONS)},
+            "other": {"short_description": "Other", "options": {"zz_same_x": {"type": "str", "description": "X."}}},
+        },
+    )
+    page = page_of(tree, "zz_same")
+    preflight = page.split("## Entry point `preflight`", 1)[1].split("## Entry point", 1)[0]
+    assert "Checks before any change" in preflight and "tasks_from: preflight" in preflight
+    assert "Takes the same options as the `main` entry point" in preflight and "| option |" not in preflight
+    assert page.count("| `zz_same_port` |") == 1
+    assert "| `zz_same_x` |" in page.split("## Entry point `other`", 1)[1]  # other options: their own table
+
+
+def test_the_preflight_entry_points_of_the_roles_are_documented_once():
+    for role in ROLES:
+        entry_points = spec_of(role)
+        if "preflight" not in entry_points or "main" not in entry_points:
+            continue
+        page = page_of(ROOT, role)
+        same = entry_points["preflight"].get("options") == entry_points["main"].get("options")
+        assert ("Takes the same options as the `main` entry point" in page) == same, role
+
+
+def test_a_role_without_main_gets_a_page_and_a_line_not_a_row(tree):
+    add_role(
+        tree,
+        "zz_shared",
+        {"check": {"short_description": "A shared check", "options": {}}},
+    )
+    assert roledocs.main(["--root", str(tree)]) == 0
+    page = (tree / "docs" / "roles" / "zz_shared.md").read_text()
+    assert "## Entry point `check`" in page and "tasks_from: check" in page
+    block = (tree / "README.md").read_text().split(roledocs.TABLE_START, 1)[1].split(roledocs.TABLE_END, 1)[0]
+    assert "| [`gpufleet.serving.zz_shared`]" not in block
+    (line,) = [x for x in block.splitlines() if "zz_shared" in x]
+    assert line.startswith("Used only through their entry points") and "](docs/roles/zz_shared.md)" in line
 
 
 README_WITHOUT_BLOCK = """# project

@@ -1,7 +1,7 @@
 """gpufleet deploy / rollout: the ansible-runner call a command makes, the live view built from
 runner events, and the sentences a failed run ends with. ansible_runner.run is replaced by a
-fake that replays event sequences shaped like ansible-runner 2.4's (the real run is covered
-by the lab test in tests/labtests/test_cli_deploy.py)."""
+fake that replays event sequences shaped like ansible-runner 2.4's (the real runs are covered
+by the fleet scenario, molecule/fleet, and the lab tests in tests/labtests)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import types
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import ROOT
 
 from gpufleet import cli, runner
 from gpufleet._collection import locate_collection
@@ -28,11 +30,18 @@ def _ok(host, changed=False):
     return {"event": "runner_on_ok", "event_data": {"host": host, "res": {"changed": changed}}}
 
 
-def _failed(host, task, msg, path="/x/roles/engine/tasks/main.yml:1"):
+def _failed(host, task, msg, path="/x/roles/engine/tasks/main.yml:1", **res):
     return {
         "event": "runner_on_failed",
-        "event_data": {"host": host, "task": task, "task_path": path, "res": {"failed": True, "msg": msg}},
+        "event_data": {"host": host, "task": task, "task_path": path, "res": {"failed": True, "msg": msg, **res}},
     }
+
+
+NOT_READY = (
+    "gpufleet-readiness[chat]: /health at http://127.0.0.1:8001 did not answer 200 within 600 s "
+    "(last: Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] Connection refused>). "
+    "See journalctl -u gpufleet-engine@chat."
+)
 
 
 def _stats(**per_host):
@@ -170,7 +179,7 @@ def test_failures_end_in_sentences_with_cause_fix_and_log(fake, tmp_path, capsys
             },
         },
         _play("Engines"),
-        _failed("gpu-c", "Wait for /health of chat", "retries exhausted", "/c/roles/engine/tasks/readiness.yml:3"),
+        _failed("gpu-c", "Check the readiness of chat", NOT_READY, "/c/roles/engine/tasks/readiness.yml:39"),
         _stats(**{"gpu-a": (3, 0, 1), "gpu-c": (20, 3, 1)}),
     ]
     fake(events, rc=2, status="failed")
@@ -179,8 +188,125 @@ def test_failures_end_in_sentences_with_cause_fix_and_log(fake, tmp_path, capsys
     assert rc == 2
     assert "gpu-a failed the preflight (before any change in this run): gpufleet_engines[0].port=8001" in err
     assert "gpu-b is unreachable: ssh: timed out. Fix: check ansible_host" in err
-    assert "gpu-c: engine instance chat never became ready" in err and "journalctl -u gpufleet-engine@chat" in err
+    assert "gpu-c: engine instance chat never became ready (Check the readiness of chat): /health at " in err
+    assert "journalctl -u gpufleet-engine@chat" in err and "gpufleet-readiness[" not in err
     assert "Full log: " in err and err.rstrip().endswith("run-1/stdout")
+
+
+def _kinds(events):
+    view = runner.RunView(out=io.StringIO(), quiet=True)
+    for event in events:
+        view.handle(event)
+    return [(f.host, f.kind, f.instance) for f in view.failures]
+
+
+def test_readiness_is_the_marker_the_engine_role_sets_not_a_task_name():
+    surge = (
+        "The start-before-stop restart of chat failed at 'Check the readiness of chat': %s The surge copy is "
+        "stopped; the restart stays pending" % NOT_READY
+    )
+    assert _kinds(
+        [
+            _play("Engines"),
+            _ok("gpu-a", True),
+            _failed("gpu-a", "Check the readiness of chat", NOT_READY),
+            # the restart's rescue passes the message on: still the instance that never became ready
+            _failed("gpu-b", "Fail with what happened chat", surge, "/c/roles/engine/tasks/restart.yml:101"),
+            # a task named like the old readiness tasks, without the marker, is just a failed task
+            _failed("gpu-c", "Wait for /health of chat", "retries exhausted", "/c/roles/engine/tasks/readiness.yml:6"),
+        ]
+    ) == [("gpu-a", "readiness", "chat"), ("gpu-b", "readiness", "chat"), ("gpu-c", "task", "")]
+
+
+def test_readiness_tasks_fail_only_in_the_check_that_carries_the_marker():
+    tasks = yaml.safe_load((ROOT / "roles" / "engine" / "tasks" / "readiness.yml").read_text())
+    *probes, check = tasks
+    assert probes and all(task["failed_when"] is False for task in probes)
+    assert probes[0]["until"] and probes[0]["retries"]  # the wait still retries
+    message = " ".join(check["ansible.builtin.assert"]["fail_msg"].split())
+    rendered = message.replace("{{ __engine_instance.name }}", "chat")
+    marker = runner.READINESS_MARKER.match(rendered)
+    assert marker and marker.group(1) == "chat"
+
+
+def test_preflight_is_the_entry_point_not_the_play_name():
+    spec_failed = _failed(
+        "gpu-a",
+        "Validating arguments against arg spec 'preflight' - Read-only checks of the NCCL layers",
+        "Validation of arguments failed: argument 'nccl_env_host' is of type str",
+        "/c/playbooks/site.yml:10",  # Ansible's own validation task: its path is the play's
+        validate_args_context={"type": "role", "name": "nccl", "argument_spec_name": "preflight", "path": "/c/r"},
+    )
+    main_spec_failed = _failed(
+        "gpu-b",
+        "Validating arguments against arg spec 'main'",
+        "Validation of arguments failed",
+        "/c/playbooks/site.yml:60",
+        validate_args_context={"type": "role", "name": "nccl", "argument_spec_name": "main", "path": "/c/r"},
+    )
+    assert _kinds(
+        [
+            _play("Anything"),
+            spec_failed,
+            main_spec_failed,
+            _failed("gpu-c", "Check the instances", "port clash", "/c/roles/engine/tasks/preflight.yml:40"),
+            _failed("gpu-d", "Check the layers", "bad", "/c/roles/common/tasks/preflight_nccl.yml:4"),
+            _play("Preflight every host before any change"),
+            _failed("gpu-e", "Gathering Facts", "no python"),  # the play's name does not make it preflight
+        ]
+    ) == [
+        ("gpu-a", "preflight", ""),
+        ("gpu-b", "task", ""),
+        ("gpu-c", "preflight", ""),
+        ("gpu-d", "preflight", ""),
+        ("gpu-e", "task", ""),
+    ]
+    # after a host changed, the sentence "before any change" would be wrong: a plain failed task
+    assert _kinds([_ok("gpu-a", True), spec_failed]) == [("gpu-a", "task", "")]
+
+
+def test_ansible_output_is_echoed_from_the_events_with_plain_newlines():
+    out = io.StringIO()
+    view = runner.RunView(out=out, quiet=True, echo=True)
+    for event in [
+        {"event": "playbook_on_task_start", "stdout": "\r\nTASK [Show] ****", "event_data": {"task": "Show"}},
+        {"event": "runner_on_start", "stdout": "", "event_data": {"host": "gpu-a"}},
+        {"event": "runner_on_ok", "stdout": "ok: [gpu-a] => \r\n    msg: hi", "event_data": {"host": "gpu-a"}},
+        {
+            "event": "playbook_on_stats",
+            "stdout": "\r\nPLAY RECAP ****\r\ngpu-a : ok=1    changed=0",
+            "event_data": {"ok": {"gpu-a": 1}, "ignored": {"gpu-a": 2}, "rescued": {"gpu-a": 3}, "skipped": {}},
+        },
+    ]:
+        view.handle(event)
+    assert out.getvalue() == (
+        "\nTASK [Show] ****\nok: [gpu-a] => \n    msg: hi\n\nPLAY RECAP ****\ngpu-a : ok=1    changed=0\n"
+    )
+    state = view.hosts["gpu-a"]
+    assert (state.ok, state.ignored, state.rescued, state.skipped) == (1, 2, 3, 0)
+
+
+def test_colour_is_off_unless_a_terminal_or_the_user_asks():
+    coll = locate_collection()
+
+    def nocolor(colour, **user):
+        return runner.settings_env(coll, {"PATH": "/bin", **user}, colour=colour).get("ANSIBLE_NOCOLOR")
+
+    assert nocolor(False) == "1" and nocolor(False, ANSIBLE_FORCE_COLOR="0") == "1"
+    assert nocolor(False, ANSIBLE_FORCE_COLOR="1") is None and nocolor(False, NO_COLOR="1") is None
+    assert nocolor(True) is None
+
+
+def test_a_playbook_file_by_path(tmp_path):
+    coll = locate_collection()
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    book = tmp_path / "floor.yml"
+    book.write_text("[]\n")
+    kw = runner.runner_kwargs(runner.RunRequest(playbook=str(book), inventory=str(inv)), coll, tmp_path)
+    assert kw["playbook"] == str(book)
+    with pytest.raises(runner.UsageError, match="no such file"):
+        runner.runner_kwargs(runner.RunRequest(playbook=str(tmp_path / "x.yml"), inventory=str(inv)), coll, tmp_path)
 
 
 def test_json_output_and_rollout_batch(fake, tmp_path, capsys):
@@ -247,3 +373,109 @@ def test_the_defaults_for_an_installed_copy_are_settings_ansible_knows():
     installed = type(coll)(root=coll.root, collections_path=coll.collections_path, packaged=True)
     env = runner.settings_env(installed, {"PATH": "/bin"})
     assert env["ANSIBLE_CACHE_PLUGIN"] == "jsonfile" and "ANSIBLE_CONFIG" not in env
+
+
+def test_an_unreachable_delegated_host_is_named_not_the_play_host():
+    # the rollout's drain runs on the edge (delegate_to) from a gpu host's play: the edge is the
+    # host that could not be reached
+    events = [
+        _play("Roll host by host"),
+        {
+            "event": "runner_on_unreachable",
+            "event_data": {
+                "host": "gpu-a",
+                "task": "Write the backend list with the drained hosts down",
+                "res": {
+                    "unreachable": True,
+                    "msg": "ssh: connect to host edge-1 port 22: Connection refused",
+                    "_ansible_delegated_vars": {"ansible_delegated_host": "edge-1", "ansible_host": "10.0.0.9"},
+                },
+            },
+        },
+    ]
+    view = runner.RunView(out=io.StringIO(), quiet=True)
+    for event in events:
+        view.handle(event)
+    sentence = view.failures[0].sentence()
+    assert sentence.startswith(
+        "edge-1 is unreachable (task 'Write the backend list with the drained hosts down' of gpu-a"
+    )
+    assert "for edge-1 in the inventory" in sentence and "gpu-a is unreachable" not in sentence
+
+
+SLOW_PLAYBOOK = """\
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Mark that the play runs
+      ansible.builtin.copy: {content: "{{ lookup('ansible.builtin.pipe', 'echo $PPID') }}", dest: "%s"}
+    - name: A long task
+      ansible.builtin.command: sleep 120
+"""
+
+
+def test_sigterm_stops_ansible_playbook_at_once(tmp_path):
+    """`gpufleet` cancelled with SIGTERM: its ansible-playbook (a real one, on localhost) is gone
+    within seconds, not left to run on its own; the exit status says which signal."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "playing"
+    book = tmp_path / "slow.yml"
+    book.write_text(SLOW_PLAYBOOK % marker)
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  hosts:\n    localhost: {ansible_python_interpreter: %s}\n" % sys.executable)
+    script = (
+        "import sys; from gpufleet import runner; "
+        "req = runner.RunRequest(playbook=%r, inventory=%r); "
+        "sys.exit(runner.play(req).rc)" % (str(book), str(inv))
+    )
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 90
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), proc.communicate(timeout=30)
+    time.sleep(1)  # the sleep task is running now
+
+    def playbooks():
+        out = subprocess.run(["pgrep", "-f", "ansible-playbook.*%s" % book], capture_output=True, text=True)
+        return out.stdout.split()
+
+    assert playbooks(), "ansible-playbook should be running"
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    while playbooks() and time.time() - sent < 10:
+        time.sleep(0.2)
+    gone_after = time.time() - sent
+    assert not playbooks(), "ansible-playbook still runs %.0f s after SIGTERM" % gone_after
+    assert gone_after < 5
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "SIGTERM: ansible-playbook was stopped at once" in err.decode()
+
+
+def test_a_hosts_collected_preflight_problems_are_one_sentence():
+    # playbooks/tasks/preflight.yml notes each role's problem (rescued), then fails the host once
+    events = [
+        _play("Preflight every host before any change"),
+        _failed("gpu-a", "Validating arguments against arg spec preflight", "unknown key 'contxt_length'",
+                "/c/roles/engine/tasks/preflight.yml:1", validate_args_context={"argument_spec_name": "preflight"}),
+        _failed("gpu-a", "Check the proxy settings", "proxy_rate_limit='20/s' must be like 20r/s",
+                "/c/roles/proxy/tasks/preflight.yml:14"),
+        _failed("gpu-a", "Stop before any change when an input is wrong",
+                "gpufleet-preflight: unknown key 'contxt_length' proxy_rate_limit='20/s' must be like 20r/s",
+                "/c/playbooks/tasks/preflight.yml:16"),
+    ]  # fmt: skip
+    view = runner.RunView(out=io.StringIO(), quiet=True)
+    for event in events:
+        view.handle(event)
+    assert [(f.host, f.kind) for f in view.failures] == [("gpu-a", "preflight")]
+    assert view.failures[0].sentence() == (
+        "gpu-a failed the preflight (before any change in this run): unknown key 'contxt_length' "
+        "proxy_rate_limit='20/s' must be like 20r/s"
+    )

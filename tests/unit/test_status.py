@@ -1,16 +1,19 @@
 """gpufleet status: the report a host gives (module_utils/_status.py and the engine_status
-filter) read from a real vLLM /metrics capture and a real rendered docker-run.args, and the
-table the CLI prints from it."""
+filter) read from a real vLLM /metrics capture and the deployed.json the engine role renders,
+and the table the CLI prints from it; the engine_load filter the rollout waits on."""
 
 from __future__ import annotations
 
 import base64
+import json
 
 from conftest import ROOT
+from engine_role import role_defaults
 
+from ansible_collections.gpufleet.serving.plugins.filter.engine_load import FilterModule as LoadFilters
 from ansible_collections.gpufleet.serving.plugins.filter.engine_status import engine_status
-from ansible_collections.gpufleet.serving.plugins.module_utils._engines import render
-from ansible_collections.gpufleet.serving.plugins.module_utils._status import parse_metrics, read_args
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import render
+from ansible_collections.gpufleet.serving.plugins.module_utils._status import parse_metrics, read_deployed
 from gpufleet.runner import status_rows
 
 METRICS = ROOT / "tests" / "fixtures" / "engine_metrics"
@@ -18,11 +21,12 @@ BUSY = (METRICS / "vllm-0.32.0-cpu-busy.txt").read_text()
 IDLE = (METRICS / "vllm-0.32.0-cpu-idle.txt").read_text()
 
 
-def _args(**over):
+def _deployed(**over):
+    """deployed.json as roles/engine/tasks/configure.yml writes it (to_nice_json)."""
     inst = {"name": "chat", "engine": "vllm", "model": "/srv/models/qwen", "served_model_name": "qwen", "port": 8001,
             "gpus": [0, 1], "tensor_parallel_size": 2}  # fmt: skip
     inst.update(over)
-    return "\n".join(render(inst)["docker_args"]) + "\n"
+    return json.dumps(render(inst, defaults=role_defaults())["deployed"], indent=2, sort_keys=True)
 
 
 def test_metrics_of_a_busy_and_an_idle_vllm():
@@ -36,12 +40,50 @@ def test_metrics_of_a_busy_and_an_idle_vllm():
     assert parse_metrics(sglang, "sglang") == {"running": 3, "waiting": 1, "kv_cache_usage": 0.5}
 
 
-def test_instance_as_deployed_from_its_docker_run_args():
-    got = read_args(_args())
+def test_instance_as_deployed_from_its_record():
+    got = read_deployed(_deployed(max_model_len=16384))
     assert got["model"] == "qwen" and got["port"] == 8001 and got["tensor_parallel_size"] == 2
-    assert got["gpus"] == "0,1" and got["engine"] == "vllm" and got["image"].startswith("vllm/vllm-openai:")
-    cpu = read_args(_args(accelerator="cpu", gpus=[], tensor_parallel_size=None, port=8002))
+    assert got["gpus"] == "0,1" and got["engine"] == "vllm" and got["max_model_len"] == 16384 and got["recorded"]
+    assert got["image"] == role_defaults()["images"]["vllm_nvidia"]
+    cpu = read_deployed(_deployed(accelerator="cpu", gpus=[], tensor_parallel_size=None, port=8002))
     assert cpu["gpus"] == "cpu" and cpu["tensor_parallel_size"] == 1 and cpu["port"] == 8002
+    # SGLang calls the context length context_length
+    sglang = read_deployed(_deployed(engine="sglang", context_length=8192))
+    assert sglang["engine"] == "sglang" and sglang["max_model_len"] == 8192
+
+
+def test_the_record_holds_no_secret():
+    text = _deployed(api_key="s3cret-key-" * 4, env={"HF_TOKEN": "hf_s3cret"}, extra_args=["--x", "s3cret"])
+    assert "s3cret" not in text
+    assert json.loads(text)["base_url"] == "http://127.0.0.1:8001"
+
+
+def test_an_instance_without_a_record_is_unknown_not_a_crash():
+    # deployed by an older gpufleet: no deployed.json (slurp failed), or a file that is not JSON
+    for text in (None, "", "not json", "[1, 2]"):
+        got = read_deployed(text)
+        assert not got["recorded"] and got["engine"] is None and got["port"] is None, got
+    report = engine_status(
+        [{"path": "/etc/gpufleet/engines/old"}],
+        deployed=[{"failed": True, "msg": "file not found"}],
+        units=[{"status": {"ActiveState": "active"}}],
+        metrics=[{"skipped": True}],
+    )
+    (old,) = report["engines"]
+    assert old["name"] == "old" and old["unit"] == "active" and not old["recorded"] and old["model"] is None
+    assert not old["serving"]  # its port is unknown: nothing says it serves
+    row = status_rows({"gpu-01": report})[1]
+    assert row[3] == "old ?:?" and row[4] == "unknown (unit active; no deployed.json: run site.yml)"
+
+
+def test_engine_load_counts_running_and_waiting_by_each_engines_names():
+    engine_load = LoadFilters().filters()["engine_load"]
+    assert engine_load(BUSY) == 2  # the capture: two running, none waiting
+    assert engine_load(IDLE) == 0
+    sglang = 'sglang:num_running_reqs{tp_rank="0"} 3\nsglang:num_queue_reqs{tp_rank="0"} 1\n'
+    assert engine_load(sglang, "sglang") == 4
+    assert engine_load(sglang, "vllm") == 0  # vLLM's names are not SGLang's
+    assert engine_load(BUSY, "sglang") == 0
 
 
 def _b64(text):
@@ -52,7 +94,7 @@ def test_filter_joins_folders_units_and_metrics_and_the_table_flags_what_does_no
     folders = [{"path": "/etc/gpufleet/engines/chat"}, {"path": "/etc/gpufleet/engines/spare"}]
     report = engine_status(
         folders,
-        args=[{"content": _b64(_args())}, {"content": _b64(_args(name="spare", port=8002, gpus=[2]))}],
+        deployed=[{"content": _b64(_deployed())}, {"content": _b64(_deployed(name="spare", port=8002, gpus=[2]))}],
         units=[{"status": {"ActiveState": "active"}}, {"status": {"ActiveState": "failed"}}],
         metrics=[{"status": 200, "content": BUSY}, {"status": -1, "msg": "connection refused"}],
         gpu={"driver_version": "580.95.05", "count": 4, "devices": [{"name": "NVIDIA H100"}], "p2p": {}},

@@ -1,0 +1,79 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fleet lock's owner line, and whether a holder is a dead run on this controller.
+
+Documented in fleet_lock_owner.yml and fleet_lock_stale.yml beside this file. A run is the
+ansible-playbook process on the controller: its host name, PID and start time (from /proc)
+name it, so a lock left by a run that was killed or failed here is recognised as stale,
+while a lock held from another controller is never broken without the operator."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import socket
+
+OWNER = re.compile(r"controller=(?P<controller>\S+) pid=(?P<pid>\d+) start=(?P<start>\d+)")
+
+
+def _start_time(pid):
+    """The process's start time in clock ticks after boot (/proc/PID/stat field 22), or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _playbook_process():
+    """(pid, start) of the ansible-playbook process this filter runs under (its main process
+    or one of its workers), found by walking up the process tree."""
+    pid = os.getpid()
+    for _ in range(8):
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                argv = f.read().split(b"\0")
+            with open("/proc/%d/status" % pid) as f:
+                ppid = int(re.search(r"^PPid:\s*(\d+)", f.read(), re.M).group(1))
+        except (OSError, AttributeError):
+            break
+        if any(os.path.basename(a) == b"ansible-playbook" for a in argv[:3]):
+            return pid, _start_time(pid)
+        if ppid <= 1:
+            break
+        pid = ppid
+    return os.getpid(), _start_time(os.getpid())
+
+
+def fleet_lock_owner(playbook):
+    """The line a run writes into the lock: who holds it, from where, since when."""
+    pid, start = _playbook_process()
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    # the same line every time one run asks (the lock file's own time says since when)
+    return "controller=%s pid=%d start=%s user=%s playbook=%s" % (
+        socket.gethostname(),
+        pid,
+        start or 0,
+        user,
+        os.path.basename(str(playbook)),
+    )
+
+
+def fleet_lock_stale(holder):
+    """True when the holder line names a run on this controller that no longer runs."""
+    match = OWNER.search(str(holder or ""))
+    if not match or match.group("controller") != socket.gethostname():
+        return False
+    return _start_time(int(match.group("pid"))) != match.group("start")
+
+
+class FilterModule:
+    def filters(self):
+        return {"fleet_lock_owner": fleet_lock_owner, "fleet_lock_stale": fleet_lock_stale}

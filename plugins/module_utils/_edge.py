@@ -1,0 +1,161 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The edge in front of the gpu hosts' proxies: its backends, what is drained, TLS (private).
+
+Used by the edge role (its preflight, configuration and the rollout's drain) through the
+edge_plan and edge_backends filters. Every error names the variable, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+
+DURATION_UNITS = ("ms", "s", "m", "h", "d")
+
+
+def _proxy_defaults() -> dict:
+    """The proxy role's defaults (roles/proxy/defaults/main.yml), the one place they are
+    written: a backend host that does not set proxy_listen_port, proxy_tls ... has these."""
+    import yaml  # controller side only (filters); ansible-core depends on PyYAML
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "proxy", "defaults", "main.yml")
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def backends(names, hostvars) -> list:
+    """Each backend host as the edge reaches it: {name, address, tls, port, self_signed,
+    certificate} from its inventory variables (edge_address, else ansible_host, else its
+    name) and the facts its proxy role published (gpufleet_proxy_tls)."""
+    defaults = _proxy_defaults()
+    out = []
+    for name in names or []:
+        hv = hostvars.get(name, {})
+
+        def get(key, hv=hv):
+            value = hv.get(key) if hasattr(hv, "get") else None
+            return defaults.get(key) if value is None else value
+
+        tls = bool(get("proxy_tls"))
+        published = (hv.get("gpufleet_proxy_tls") if hasattr(hv, "get") else None) or {}
+        out.append(
+            {
+                "name": name,
+                "address": str(hv.get("edge_address") or hv.get("ansible_host") or name),
+                "tls": tls,
+                "port": get("proxy_tls_port") if tls else get("proxy_listen_port"),
+                "self_signed": bool(get("proxy_tls_self_signed")),
+                "certificate": published.get("certificate") or "",
+            }
+        )
+    return out
+
+
+def plan_edge(params, hosts, batch=None) -> dict:
+    """params: the edge_* settings (without the prefix); hosts: backends() of edge_backend_group;
+    batch: the rollout's hosts to drain now (None outside a rollout).
+
+    Returns {errors, warnings, servers: [{name, address, port, down}], backend_tls,
+    drained, in_service, trust: [PEM], untrusted: [names of self-signed proxies whose
+    certificate is not known yet], listen_address (plain), public_port}.
+    """
+    errors, warnings = [], []
+    group = params.get("backend_group")
+    names = [h["name"] for h in hosts]
+    if not names:
+        errors.append(
+            "edge_backend_group=%s names no inventory group with hosts: set it to the group of the gpu hosts "
+            "whose proxies the edge balances (e.g. gpu_hosts)." % group
+        )
+    drained = params.get("drained") or []
+    if not isinstance(drained, list):
+        errors.append("edge_drained=%r must be a list of inventory names." % (drained,))
+        drained = []
+    strangers = [d for d in drained if d not in names]
+    if names and strangers:
+        errors.append(
+            "edge_drained=%s lists %s, not in edge_backend_group=%s: list hosts of that group only."
+            % (drained, ", ".join(map(str, strangers)), group)
+        )
+    if names and not [n for n in names if n not in drained]:
+        errors.append(
+            "edge_drained=%s takes every host of edge_backend_group=%s out of service: leave at least one in service."
+            % (drained, group)
+        )
+    down = [n for n in names if n in drained]
+    if batch is not None:
+        batch = [b for b in batch if b in names]
+        in_service = [n for n in names if n not in down]
+        rest = [n for n in in_service if n not in batch]
+        if not rest and in_service and len(in_service) > 1:
+            errors.append(
+                "the rollout batch %s would drain every backend still in service behind the edge (%s): clients would "
+                "get 502s. Lower gpufleet_rollout_batch (or --batch) so at least one stays in service."
+                % (", ".join(batch), ", ".join(in_service))
+            )
+        elif not rest and in_service:
+            warnings.append(
+                "%s is the only backend in service behind the edge: it stays in service while it changes (its "
+                "proxy keeps answering, through its surge copy where one fits)." % in_service[0]
+            )
+        else:
+            down += [b for b in batch if b not in down]
+    # TLS between the edge and the proxies follows the proxies' proxy_tls
+    kinds = sorted({h["tls"] for h in hosts})
+    if len(kinds) > 1:
+        on = ", ".join(h["name"] for h in hosts if h["tls"])
+        off = ", ".join(h["name"] for h in hosts if not h["tls"])
+        errors.append(
+            "edge_backend_group=%s mixes proxies with and without TLS (proxy_tls on %s, off on %s): set proxy_tls the "
+            "same on every host of the group." % (group, on, off)
+        )
+    backend_tls = kinds == [True]
+    tls = bool(params.get("tls"))
+    if backend_tls and not tls:
+        errors.append(
+            "edge_tls=false while the proxies of edge_backend_group=%s use TLS (proxy_tls): clients' keys and prompts "
+            "would reach the edge in clear. Set edge_tls: true (with edge_tls_certificate and "
+            "edge_tls_certificate_key, or edge_tls_self_signed: true for a lab)." % group
+        )
+    has_files = params.get("tls_certificate") and params.get("tls_certificate_key")
+    if tls and not params.get("tls_self_signed") and not has_files:
+        errors.append(
+            "edge_tls is on: set edge_tls_certificate and edge_tls_certificate_key (paths on the edge host), or "
+            "edge_tls_self_signed: true for a lab."
+        )
+    for var in ("listen_port", "tls_port"):
+        port = params.get(var)
+        if var in params and (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535):
+            errors.append("edge_%s=%r must be a port number." % (var, port))
+    if tls and params.get("listen_port") == params.get("tls_port"):
+        errors.append("edge_tls_port=%r is also edge_listen_port: give TLS its own port." % params.get("tls_port"))
+    address = params.get("listen_address", "0.0.0.0")
+    try:
+        ipaddress.ip_address(address)
+    except (TypeError, ValueError):
+        errors.append("edge_listen_address=%r must be an IP address (0.0.0.0 for every interface)." % (address,))
+    # The proxies' self-signed certificates the edge trusts (their proxy role publishes them in
+    # the fact gpufleet_proxy_tls): none on a fresh fleet before the proxies ran, so a missing
+    # one is not a preflight error; the edge's configuration stops on it (untrusted).
+    trust, untrusted = [], []
+    if backend_tls and not params.get("backend_tls_ca") and not [h for h in hosts if not h["self_signed"]]:
+        trust = [h["certificate"] for h in hosts if h["certificate"]]
+        untrusted = [h["name"] for h in hosts if not h["certificate"]]
+    servers = [
+        {"name": h["name"], "address": h["address"], "port": h["port"], "down": h["name"] in down} for h in hosts
+    ]
+    return {
+        "errors": errors,
+        "warnings": warnings,
+        "servers": servers,
+        "backend_tls": backend_tls,
+        "drained": [n for n in names if n in down],
+        "in_service": [n for n in names if n not in down],
+        "trust": trust,
+        "untrusted": untrusted,
+        # With TLS on, plain HTTP stays on loopback (local checks); clients use TLS.
+        "listen_address": "127.0.0.1" if tls else address,
+        "public_port": params.get("tls_port") if tls else params.get("listen_port"),
+    }

@@ -1,0 +1,334 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What gpufleet knows about the engines, written once (private to gpufleet.serving).
+
+The typed engine options of a ``gpufleet_engines`` instance (name, type, choices, bounds,
+the engines that have it, each engine's flag and how it renders, its counterpart on the
+other engine, and the memory plan's name for it), the options the pinned engines removed,
+the instance keys that are not options, and per engine its entrypoint, model flag,
+accelerators and metric names. Validation, rendering, the memory plan, the status reader,
+the CLI and the playbooks' filters all read this table; a unit test checks the engine
+role's meta/argument_specs.yml against it.
+
+Flags are the engines' own CLI names (vLLM: vllm/engine/arg_utils.py EngineArgs; SGLang:
+python/sglang/srt/server_args.py ServerArgs), checked by their own parsers in
+tests/labtests/test_engine_argparse.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+# How an option's value becomes arguments.
+VALUE = "value"  # --flag VALUE
+SWITCH = "switch"  # --flag when true, nothing when false
+PAIR = "pair"  # --flag when true, --no-flag when false (argparse BooleanOptionalAction)
+INVERSE = "inverse"  # nothing when true, --flag when false (SGLang's --disable-radix-cache)
+
+KIND_NAMES = {int: "int", float: "float", bool: "bool", str: "str"}
+KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One engine's flag for an option, and how the value renders."""
+
+    name: str
+    style: str = VALUE
+
+    def render(self, value) -> list:
+        if self.style == VALUE:
+            return [self.name, _flag_value(value)]
+        if self.style == SWITCH:
+            return [self.name] if value else []
+        if self.style == PAIR:
+            return [self.name] if value else ["--no-" + self.name[2:]]
+        if self.style == INVERSE:
+            return [] if value else [self.name]
+        raise ValueError("unknown flag style %r" % self.style)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A typed engine option of a gpufleet_engines instance."""
+
+    name: str
+    kind: type
+    vllm: Optional[Flag] = None
+    sglang: Optional[Flag] = None
+    choices: Tuple[str, ...] = ()
+    # numeric bounds: at least `minimum` (above it when `above`), at most `maximum`
+    minimum: Optional[float] = None
+    above: bool = False
+    maximum: Optional[float] = None
+    # the option the other engine calls by another name (named in error messages)
+    counterpart: Optional[str] = None
+    # the memory plan's engine-neutral name (vLLM's) when the plan pins or sets this option
+    plan_key: Optional[str] = None
+
+    @property
+    def engines(self) -> Tuple[str, ...]:
+        return tuple(e for e in ENGINES if self.flag(e) is not None)
+
+    def flag(self, engine: str) -> Optional[Flag]:
+        return self.vllm if engine == "vllm" else self.sglang if engine == "sglang" else None
+
+    def render(self, engine: str, value) -> list:
+        """The engine's arguments for this option's value ([] when the engine lacks it)."""
+        flag = self.flag(engine)
+        return flag.render(value) if flag is not None and value is not None else []
+
+    def bounds_text(self) -> Optional[str]:
+        """'above 0 and at most 1', 'at least 1', or None without bounds."""
+        parts = []
+        if self.minimum is not None:
+            parts.append(("above %s" if self.above else "at least %s") % _number(self.minimum))
+        if self.maximum is not None:
+            parts.append("at most %s" % _number(self.maximum))
+        return " and ".join(parts) or None
+
+    def in_bounds(self, value) -> bool:
+        if self.minimum is not None and (value <= self.minimum if self.above else value < self.minimum):
+            return False
+        return self.maximum is None or value <= self.maximum
+
+
+ENGINES = ("vllm", "sglang")
+ACCELERATORS = ("nvidia", "cpu")
+
+
+def _number(x):
+    return "%d" % x if float(x).is_integer() else "%s" % x
+
+
+def _flag_value(value):
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _count(name, vllm=None, sglang=None, counterpart=None, plan_key=None):
+    """A count option: an integer of at least 1."""
+    return Option(name, int, vllm=vllm, sglang=sglang, minimum=1, counterpart=counterpart, plan_key=plan_key)
+
+
+def _share(name, vllm=None, sglang=None, counterpart=None, plan_key=None):
+    """A share of GPU memory: above 0 and at most 1."""
+    return Option(
+        name, float, vllm=vllm, sglang=sglang, minimum=0, above=True, maximum=1, counterpart=counterpart,
+        plan_key=plan_key,
+    )  # fmt: skip
+
+
+# In the order their flags follow each other on the command line.
+_OPTIONS = (
+    _count("tensor_parallel_size", Flag("--tensor-parallel-size"), Flag("--tp-size"), plan_key="tensor_parallel_size"),
+    _count("pipeline_parallel_size", Flag("--pipeline-parallel-size"), Flag("--pp-size")),
+    _share("gpu_memory_utilization", vllm=Flag("--gpu-memory-utilization"), counterpart="mem_fraction_static",
+           plan_key="gpu_memory_utilization"),
+    _share("mem_fraction_static", sglang=Flag("--mem-fraction-static"), counterpart="gpu_memory_utilization",
+           plan_key="gpu_memory_utilization"),
+    _count("max_model_len", vllm=Flag("--max-model-len"), counterpart="context_length", plan_key="max_model_len"),
+    _count("context_length", sglang=Flag("--context-length"), counterpart="max_model_len", plan_key="max_model_len"),
+    _count("max_num_seqs", vllm=Flag("--max-num-seqs"), counterpart="max_running_requests", plan_key="max_num_seqs"),
+    _count("max_running_requests", sglang=Flag("--max-running-requests"), counterpart="max_num_seqs",
+           plan_key="max_num_seqs"),
+    _count("max_num_batched_tokens", vllm=Flag("--max-num-batched-tokens"), counterpart="chunked_prefill_size",
+           plan_key="max_num_batched_tokens"),
+    _count("chunked_prefill_size", sglang=Flag("--chunked-prefill-size"), counterpart="max_num_batched_tokens",
+           plan_key="max_num_batched_tokens"),
+    Option("enable_chunked_prefill", bool, vllm=Flag("--enable-chunked-prefill", PAIR),
+           counterpart="chunked_prefill_size"),
+    Option("enable_prefix_caching", bool, vllm=Flag("--enable-prefix-caching", PAIR),
+           sglang=Flag("--disable-radix-cache", INVERSE)),
+    Option("enforce_eager", bool, vllm=Flag("--enforce-eager", SWITCH), sglang=Flag("--disable-cuda-graph", SWITCH),
+           plan_key="enforce_eager"),
+    Option("quantization", str, vllm=Flag("--quantization"), sglang=Flag("--quantization"), plan_key="quantization",
+           choices=("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "bitsandbytes", "compressed-tensors",
+                    "modelopt")),
+    Option("dtype", str, vllm=Flag("--dtype"), sglang=Flag("--dtype"), plan_key="dtype",
+           choices=("auto", "bfloat16", "float16", "float32", "half")),
+    Option("kv_cache_dtype", str, vllm=Flag("--kv-cache-dtype"), sglang=Flag("--kv-cache-dtype"),
+           plan_key="kv_cache_dtype", choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")),
+    Option("reasoning_parser", str, vllm=Flag("--reasoning-parser"), sglang=Flag("--reasoning-parser")),
+    Option("trust_remote_code", bool, vllm=Flag("--trust-remote-code", SWITCH),
+           sglang=Flag("--trust-remote-code", SWITCH)),
+    Option("seed", int, vllm=Flag("--seed"), sglang=Flag("--random-seed")),
+)  # fmt: skip
+OPTIONS: Dict[str, Option] = {o.name: o for o in _OPTIONS}
+
+# Options the pinned engines no longer have, with what to do instead. vLLM 0.32's own
+# parser rejects --swap-space (tests/labtests/test_engine_argparse.py shows it).
+REMOVED = {
+    "swap_space": "vLLM 0.32 has no --swap-space (its V1 engine recomputes preempted requests instead of "
+    "swapping); remove it",
+}
+# Instance keys that are not engine options.
+INSTANCE_KEYS = (
+    "name", "engine", "accelerator", "image", "model", "served_model_name", "port", "bind", "gpus", "cpus",
+    "api_key", "ipc", "shm_size", "kv_cache_space_gib", "extra_args", "env", "secret_env", "readiness_timeout",
+    "drain_timeout", "options", "surge_port",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One serving engine: how it starts, what it runs on, what its /metrics call things."""
+
+    name: str
+    entrypoint: Tuple[str, ...]
+    model_flag: str
+    accelerators: Tuple[str, ...]
+    # why an accelerator is missing, for the error message
+    accelerator_note: str = ""
+    # Prometheus names of {running, waiting, kv_cache_usage}; the first one present counts
+    metrics: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    # flags every instance of the engine gets, after --host and --port
+    server_flags: Tuple[str, ...] = ()
+    # the flag that takes the instance's drain time in seconds (None: the engine has none)
+    drain_flag: Optional[str] = None
+
+
+# How long a stopping instance drains (its requests in flight finish) unless it says
+# (drain_timeout): its longest generation (max_model_len tokens, the model's context when the
+# plan knows no other) at DRAIN_SECONDS_PER_TOKEN (20 tokens/s, a slow reasoning stream on a
+# busy GPU), between DRAIN_MIN and DRAIN_MAX seconds. vLLM drains on SIGTERM for up to that
+# long (--shutdown-timeout, vllm-project/vllm#36666; checked in vLLM 0.32): requests in flight
+# finish, new ones get HTTP 500, which the proxy retries on another server. Docker's stop
+# timeout and the unit's TimeoutStopSec follow it (DRAIN_STOP_MARGIN and DRAIN_UNIT_MARGIN
+# above it), and the rollout waits as long before it gives up.
+DRAIN_SECONDS_PER_TOKEN = 0.05
+DRAIN_MIN = 30
+DRAIN_MAX = 3600
+DRAIN_STOP_MARGIN = 10
+DRAIN_UNIT_MARGIN = 30
+# Metric names: vLLM v1 exports vllm:num_requests_running, vllm:num_requests_waiting and
+# vllm:kv_cache_usage_perc (0-1; older releases: vllm:gpu_cache_usage_perc), checked against a
+# capture of vLLM 0.32.0 in tests/fixtures/engine_metrics/. SGLang exports
+# sglang:num_running_reqs, sglang:num_queue_reqs and sglang:token_usage (0-1) (SGLang docs,
+# "Production Metrics"); gpufleet has no SGLang capture, so those are read by name only.
+# SGLang serves /metrics only with --enable-metrics: status and the rollout's drain read it.
+ENGINE_INFO: Dict[str, Engine] = {
+    "vllm": Engine(
+        "vllm",
+        entrypoint=("python3", "-m", "vllm.entrypoints.openai.api_server"),
+        model_flag="--model",
+        accelerators=("nvidia", "cpu"),
+        metrics={
+            "running": ("vllm:num_requests_running",),
+            "waiting": ("vllm:num_requests_waiting",),
+            "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        },
+        drain_flag="--shutdown-timeout",
+    ),
+    "sglang": Engine(
+        "sglang",
+        entrypoint=("python3", "-m", "sglang.launch_server"),
+        model_flag="--model-path",
+        accelerators=("nvidia",),
+        accelerator_note="SGLang's published builds are CUDA-only",
+        metrics={
+            "running": ("sglang:num_running_reqs",),
+            "waiting": ("sglang:num_queue_reqs",),
+            "kv_cache_usage": ("sglang:token_usage",),
+        },
+        server_flags=("--enable-metrics",),
+    ),
+}
+# Flags gpufleet sets itself from the instance (api_key, bind, port, model, its name, drain
+# time and metrics): not in extra_args. The engines' parsers take "_" for "-" and any
+# unambiguous prefix of a flag (argparse allow_abbrev), so extra_args are compared after
+# both (_engine_validate).
+OWN_FLAGS = (
+    "--api-key", "--host", "--port", "--model", "--model-path", "--served-model-name", "--shutdown-timeout",
+    "--enable-metrics", "--uds",
+)  # fmt: skip
+# Environment names gpufleet sets or that carry secrets: not in env (secrets go in secret_env,
+# which lands in the 0600 file the container sources, never on a command line).
+OWN_ENV = ("VLLM_HOST_IP", "VLLM_API_KEY", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "HF_HUB_OFFLINE",
+           "TRANSFORMERS_OFFLINE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # fmt: skip
+SECRET_ENV_HINTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
+
+
+def options_of(inst: dict) -> dict:
+    """The instance's engine options: at its top level or under `options:` (the top wins)."""
+    nested = inst.get("options")
+    options = {k: v for k, v in nested.items() if k in OPTIONS} if isinstance(nested, dict) else {}
+    options.update({k: v for k, v in inst.items() if k in OPTIONS})
+    return options
+
+
+def option_for(plan_key: str, engine: str) -> Optional[Option]:
+    """The engine's option that the memory plan calls `plan_key` (None when it has none)."""
+    for option in _OPTIONS:
+        if option.plan_key == plan_key and engine in option.engines:
+            return option
+    return None
+
+
+def plan_pins(options: dict) -> dict:
+    """The memory plan's pins from engine options: every option the plan knows, under its
+    engine-neutral name (SGLang's names fold into vLLM's; the instance's own name wins)."""
+    pins = {}
+    for key, value in options.items():
+        option = OPTIONS.get(key)
+        if option is None or option.plan_key is None or value is None:
+            continue
+        if option.plan_key == key or option.plan_key not in pins:
+            pins[option.plan_key] = value
+    return pins
+
+
+def engine_flags(options: dict, engine: str) -> dict:
+    """{flag: value} for engine options, in the engine's own flag names (switches: True)."""
+    flags = {}
+    for key, value in options.items():
+        flag = OPTIONS[key].flag(engine)
+        if flag is None or value is None:
+            continue
+        if flag.style == VALUE:
+            flags[flag.name] = value
+        else:
+            flags.update(dict.fromkeys(flag.render(value), True))
+    return flags
+
+
+def drain_timeout(inst: dict, max_model_len=None) -> int:
+    """Seconds a stopping instance drains: its drain_timeout, else its longest generation
+    (max_model_len tokens) at DRAIN_SECONDS_PER_TOKEN, within DRAIN_MIN..DRAIN_MAX."""
+    if is_type(inst.get("drain_timeout"), int):
+        return inst["drain_timeout"]
+    if not is_type(max_model_len, int):
+        return DRAIN_MIN
+    return int(min(DRAIN_MAX, max(DRAIN_MIN, round(max_model_len * DRAIN_SECONDS_PER_TOKEN))))
+
+
+def metric_names(engine: str) -> Dict[str, Tuple[str, ...]]:
+    return ENGINE_INFO.get(engine, ENGINE_INFO["vllm"]).metrics
+
+
+def is_type(value, kind) -> bool:
+    """Whether `value` is of an option kind (bool is not an int; an int is a number; a
+    string is not empty)."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str) and value != ""
+    return False
+
+
+def label(i: int, inst) -> str:
+    """How messages name an instance: gpufleet_engines[i] (name)."""
+    name = inst.get("name") if isinstance(inst, dict) else None
+    return "gpufleet_engines[%d]%s" % (i, " (%s)" % name if name else "")
+
+
+def default_tensor_parallel_size(inst: dict, gpus, pp) -> int:
+    """An unpinned tensor_parallel_size spreads the model over all the instance's GPUs."""
+    if inst.get("accelerator", "nvidia") == "cpu" or not gpus or not is_type(pp, int) or pp < 1:
+        return 1
+    return max(1, len(gpus) // pp)

@@ -1,0 +1,127 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The engine role's plan (private to gpufleet.serving): validate the instances, make each
+one's memory plan, fill in the options it does not pin, render it and choose how it
+restarts. Behind the engine_plan filter, which the role's preflight publishes as the fact
+gpufleet_engine_plan.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+    default_tensor_parallel_size,
+    label,
+    options_of,
+    plan_pins,
+)
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import render
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_validate import CONTROL, validate
+from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import ModelConfigError, load_model_config
+from ansible_collections.gpufleet.serving.plugins.module_utils._plan_text import (
+    instance_lines,
+    plan_lines,
+    skipped_line,
+)
+
+
+def memory_plan_of(inst: dict, config: dict, gpu=None):
+    """The memory plan of one validated instance: (plan, None), or (None, why it is skipped).
+    Raises what the planner raises on input it cannot read."""
+    options = options_of(inst)
+    pins = plan_pins(options)
+    if inst.get("accelerator", "nvidia") == "cpu":
+        space = int(inst.get("kv_cache_space_gib", 1)) * 2**30
+        return _memory_plan.plan_memory(config, accelerator="cpu", pins=pins, kv_space_bytes=space), None
+    devices = {d.get("index"): d for d in (gpu or {}).get("devices") or []}
+    mine = [devices[g] for g in inst.get("gpus") or [] if g in devices]
+    sizes = [d.get("memory_total_mib") for d in mine if d.get("memory_total_mib")]
+    if not sizes:
+        return None, skipped_line(inst.get("gpus"))
+    if (options.get("pipeline_parallel_size") or 1) != 1:
+        return None, skipped_line(inst.get("gpus"), pipeline_parallel=True)
+    pins.setdefault("tensor_parallel_size", len(inst["gpus"]))
+    plan = _memory_plan.plan_memory(
+        config,
+        gpus=len(inst["gpus"]),
+        gpu_memory_bytes=_memory_plan.usable_bytes(min(sizes)),
+        engine=inst.get("engine", "vllm"),
+        pins=pins,
+        gpu_name=mine[0].get("name"),
+    )
+    return plan, None
+
+
+def memory_plans(instances, gpu=None, models=None):
+    """The memory plan of every validated instance whose model config is at hand:
+    ({name: plan}, errors, {name: why skipped}). A plan's options fill in what the instance
+    does not pin."""
+    plans, errors, skipped = {}, [], {}
+    for i, inst in enumerate(instances):
+        where = label(i, inst)
+        info = (models or {}).get(inst.get("model")) or {}
+        if not info.get("config"):
+            continue
+        try:
+            plan, why = memory_plan_of(inst, load_model_config(info["config"]), gpu)
+        except (ModelConfigError, _memory_plan.PlanInputError, KeyError, TypeError, ValueError) as exc:
+            errors.append("%s.model=%s: the memory plan cannot read it: %s" % (where, inst.get("model"), exc))
+            continue
+        if plan is None:
+            skipped[inst["name"]] = why
+            continue
+        errors.extend("%s (memory plan): %s" % (where, message) for message in plan["errors"])
+        plans[inst["name"]] = plan
+    return plans, errors, skipped
+
+
+def with_plan(inst: dict, plan=None) -> dict:
+    """The instance with the plan's values for every option it does not pin (and, without a
+    plan, tensor_parallel_size spread over the instance's GPUs)."""
+    pinned = options_of(inst)
+    merged = dict(inst)
+    if not plan:
+        if pinned.get("tensor_parallel_size") is None and inst.get("accelerator", "nvidia") != "cpu":
+            gpus = inst.get("gpus") or []
+            tp = default_tensor_parallel_size(inst, gpus, pinned.get("pipeline_parallel_size") or 1)
+            if tp > 1:
+                merged["tensor_parallel_size"] = tp
+        return merged
+    for key, value in (plan.get("options") or {}).items():
+        if pinned.get(key) is None:
+            merged[key] = value
+    return merged
+
+
+def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
+    """validate + memory plans + render + restart strategy: {errors: [...], instances: [...]}
+    (instances empty on errors). Each rendered instance carries its memory plan's lines
+    (memory_plan), its restart strategy (surge) and what the preflight prints (report)."""
+    errors = validate(instances, gpu=gpu, models=models, host=host, defaults=defaults)
+    if errors:
+        return {"errors": errors, "instances": []}
+    plans, errors, skipped = memory_plans(instances, gpu=gpu, models=models)
+    if errors:
+        return {"errors": errors, "instances": []}
+    rendered, errors = [], []
+    for i, inst in enumerate(instances):
+        name = inst["name"]
+        planned = with_plan(inst, plans.get(name))
+        out = render(planned, gpu=gpu, host=host, defaults=defaults)
+        out["surge"] = surge(planned, instances, plans.get(name), gpu=gpu, host=host, defaults=defaults)
+        out["memory_plan"] = plan_lines(plans.get(name)) or ([skipped[name]] if name in skipped else [])
+        out["report"] = instance_lines(out)
+        # The run files hold one argument per line: a value with a line break would add
+        # arguments. validate() refuses every such input; this is the last guard.
+        broken = [a for a in out["docker_args"] + (out["surge"].get("docker_args") or []) if CONTROL.search(a)]
+        if broken:
+            errors.append(
+                "%s: an argument of its docker run has a line break or a control character (%r); fix the value it "
+                "comes from (an image in engine_images, an option, extra_args)." % (label(i, inst), broken[0][:80])
+            )
+        rendered.append(out)
+    if errors:
+        return {"errors": errors, "instances": []}
+    return {"errors": [], "instances": rendered}

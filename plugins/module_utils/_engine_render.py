@@ -1,0 +1,265 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Engine instances rendered for the host (private to gpufleet.serving): the engine's own
+command line, the ``docker run`` arguments, shared memory, NUMA placement, and the record
+of what was deployed that `gpufleet status` reads back.
+
+Takes an instance that _engine_validate.validate accepted. Option flags come from
+_engine_options; images and ulimits come from the role (its defaults/main.yml, passed in
+`defaults`).
+"""
+
+from __future__ import annotations
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+    DRAIN_STOP_MARGIN,
+    DRAIN_UNIT_MARGIN,
+    ENGINE_INFO,
+    OPTIONS,
+    drain_timeout,
+    option_for,
+    options_of,
+)
+
+MODEL_MOUNT = "/models/%s"
+SECRET_MOUNT = "/run/gpufleet/secret.env"
+# The version of the deployed.json layout (status reads older ones as unknown).
+DEPLOYED_FORMAT = 1
+
+
+def image_key(inst: dict) -> str:
+    """The engine_images key of an instance: ENGINE_ACCELERATOR, e.g. vllm_nvidia."""
+    return "%s_%s" % (inst.get("engine", "vllm"), inst.get("accelerator", "nvidia"))
+
+
+def image_of(inst: dict, defaults=None):
+    """The instance's image: its own, else the role's engine_images entry (None when neither)."""
+    return inst.get("image") or ((defaults or {}).get("images") or {}).get(image_key(inst))
+
+
+def drain_of(inst: dict) -> int:
+    """Seconds the instance drains when it stops (_engine_options.drain_timeout)."""
+    length = option_for("max_model_len", inst.get("engine", "vllm"))
+    return drain_timeout(inst, options_of(inst).get(length.name) if length else None)
+
+
+def engine_args(inst: dict) -> list:
+    """The engine's own command line (after the entrypoint) for a validated instance."""
+    engine = inst.get("engine", "vllm")
+    name = inst["name"]
+    args = [ENGINE_INFO[engine].model_flag, MODEL_MOUNT % name, "--served-model-name", served_name(inst)]
+    args += ["--host", inst.get("bind", "127.0.0.1"), "--port", str(inst["port"])]
+    args += ENGINE_INFO[engine].server_flags
+    if ENGINE_INFO[engine].drain_flag:
+        args += [ENGINE_INFO[engine].drain_flag, str(drain_of(inst))]
+    options = options_of(inst)
+    for key, option in OPTIONS.items():
+        args += option.render(engine, options.get(key))
+    return args + list(inst.get("extra_args") or [])
+
+
+def served_name(inst: dict) -> str:
+    return inst.get("served_model_name") or inst["name"]
+
+
+def ipc_mode(inst: dict):
+    """('host', None) or ('private', shm size).
+
+    Docker's 64 MB /dev/shm kills multi-process engines with "Bus error" (NCCL's SHM
+    transport, PyTorch's shared tensors, vLLM's shared-memory message queues). SGLang's and
+    vLLM's docs run with --ipc=host; gpufleet does that whenever several GPUs (TP/PP > 1)
+    share memory or the engine is SGLang, and otherwise gives the container its own sized
+    /dev/shm so it does not see the host's IPC namespace.
+    """
+    ipc = inst.get("ipc", "auto")
+    options = options_of(inst)
+    ranks = (options.get("tensor_parallel_size") or 1) * (options.get("pipeline_parallel_size") or 1)
+    if ipc == "host" or (ipc == "auto" and (inst.get("engine", "vllm") == "sglang" or ranks > 1)):
+        return "host", None
+    default = "1g" if inst.get("accelerator", "nvidia") == "cpu" else "8g"
+    return "private", inst.get("shm_size") or default
+
+
+def cpu_set(cpulist: str) -> set:
+    """'0-3,8' -> {0, 1, 2, 3, 8}."""
+    out = set()
+    for part in cpulist.split(","):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.update(range(int(lo), int(hi) + 1))
+        elif part:
+            out.add(int(part))
+    return out
+
+
+def placement(inst: dict, gpu=None, host=None):
+    """(cpuset_cpus, cpuset_mems, reason) for an instance: the CPUs and memory node next
+    to its GPUs; for accelerator cpu, its `cpus` or the host's first NUMA node."""
+    gpu = gpu or {}
+    host = host or {}
+    nodes = host.get("numa_nodes") or []
+    node_cpus = {n["node"]: n["cpus"] for n in nodes if n.get("cpus")}
+    if inst.get("accelerator", "nvidia") == "cpu":
+        if inst.get("cpus"):
+            mems = sorted(n for n, c in node_cpus.items() if cpu_set(c) & cpu_set(inst["cpus"]))
+            return inst["cpus"], ",".join(map(str, mems)) or None, "cpus given for the instance"
+        if node_cpus:
+            first = sorted(node_cpus)[0]
+            return node_cpus[first], str(first), "CPU instance on NUMA node %d" % first
+        return None, None, "host NUMA layout unknown: no pinning"
+    devices = {d["index"]: d for d in gpu.get("devices") or []}
+    mine = [devices[g] for g in inst.get("gpus") or [] if g in devices]
+    numa = sorted({d["numa_node"] for d in mine if d.get("numa_node") is not None})
+    cpus = sorted({d["cpus"] for d in mine if d.get("cpus")})
+    if len(numa) == 1 and numa[0] in node_cpus:
+        return node_cpus[numa[0]], str(numa[0]), "GPUs %s sit on NUMA node %d" % (inst.get("gpus"), numa[0])
+    if len(cpus) == 1:
+        return (
+            cpus[0],
+            (str(numa[0]) if len(numa) == 1 else None),
+            "GPUs %s are local to CPUs %s" % (inst.get("gpus"), cpus[0]),
+        )
+    if len(numa) > 1:
+        return (
+            None,
+            None,
+            "GPUs %s span NUMA nodes %s: no pinning (place an instance's GPUs on one node)" % (inst.get("gpus"), numa),
+        )
+    return None, None, "GPU NUMA placement unknown: no pinning"
+
+
+def local_address(bind):
+    """Where a client on the same host reaches an engine bound to `bind` (wildcards: loopback)."""
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", None) else bind
+
+
+def base_url(inst: dict) -> str:
+    host = local_address(inst.get("bind", "127.0.0.1"))
+    return "http://%s:%d" % (host if ":" not in host else "[%s]" % host, inst["port"])
+
+
+def deployed(inst: dict, image: str) -> dict:
+    """What the role records beside docker-run.args (deployed.json) for `gpufleet status`:
+    the instance's settings as it runs, no secrets (no api_key, env or extra_args)."""
+    engine = inst.get("engine", "vllm")
+    options = {k: v for k, v in sorted(options_of(inst).items()) if v is not None}
+    length = option_for("max_model_len", engine)
+    return {
+        "format": DEPLOYED_FORMAT,
+        "name": inst["name"],
+        "engine": engine,
+        "accelerator": inst.get("accelerator", "nvidia"),
+        "image": image,
+        "model": inst["model"],
+        "served_model_name": served_name(inst),
+        "port": inst["port"],
+        "base_url": base_url(inst),
+        "gpus": list(inst.get("gpus") or []),
+        "tensor_parallel_size": options.get("tensor_parallel_size") or 1,
+        "max_model_len": options.get(length.name) if length else None,
+        "drain_timeout": drain_of(inst),
+        "options": options,
+    }
+
+
+def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
+    """Everything the role writes for one validated instance.
+
+    defaults: the role's settings: images (engine_images), ulimits (engine_ulimits),
+    env_files, config_dir.
+    """
+    defaults = defaults or {}
+    engine = inst.get("engine", "vllm")
+    accelerator = inst.get("accelerator", "nvidia")
+    name = inst["name"]
+    image = image_of(inst, defaults)
+    ipc, shm = ipc_mode(inst)
+    cpus, mems, why = placement(inst, gpu, host)
+    port = inst["port"]
+    health_host = local_address(inst.get("bind", "127.0.0.1"))
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    # A single-host instance's own sockets stay on loopback, so with --network host they are
+    # not reachable from other machines (only --host/--port faces the proxy): the address vLLM
+    # takes for this host (VLLM_HOST_IP: the engine core's queues), the interface of Gloo's
+    # CPU-side process groups (GLOO_SOCKET_IFNAME; otherwise it binds the host name's address:
+    # the lab saw 10 VLLM::Worker listeners on the host's network address) and of NCCL's
+    # bootstrap (NCCL_SOCKET_IFNAME; its data goes over NVLink/PCIe/shared memory within a
+    # host). They override the host's nccl.env for the instance (--env comes after --env-file).
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    if engine == "vllm":
+        env["VLLM_HOST_IP"] = "127.0.0.1"
+    if accelerator == "nvidia":
+        env["NCCL_SOCKET_IFNAME"] = "lo"
+    if accelerator == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(inst.get("kv_cache_space_gib", 1))
+        if cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+    env.update({k: str(v) for k, v in (inst.get("env") or {}).items()})
+    drain = drain_of(inst)
+    docker = [
+        "--rm", "--init", "--name", "gpufleet-%s" % name,
+        "--label", "io.gpufleet.engine=%s" % name,
+        "--network", "host",
+        # docker stop (the unit's ExecStop) waits this long for the drain before it kills
+        "--stop-timeout", str(drain + DRAIN_STOP_MARGIN),
+    ]  # fmt: skip
+    # The role's engine_ulimits: memlock unlimited (pinned host buffers for NCCL/CUDA), a
+    # 64 MB stack (SGLang's own docker compose), many open files (vLLM warns below 65536).
+    ulimits = defaults.get("ulimits") or {}
+    for key in sorted(ulimits):
+        docker += ["--ulimit", "%s=%s" % (key, ulimits[key])]
+    docker += ["--ipc", "host"] if ipc == "host" else ["--ipc", "private", "--shm-size", shm]
+    if cpus:
+        docker += ["--cpuset-cpus", cpus]
+    if mems:
+        docker += ["--cpuset-mems", mems]
+    if accelerator == "nvidia":
+        docker += ["--gpus", '"device=%s"' % ",".join(str(g) for g in inst["gpus"])]
+    for path in defaults.get("env_files") or []:
+        docker += ["--env-file", path]
+    # The API key stays out of `docker inspect` and every command line: the 0600 file is
+    # mounted read-only and sourced by the entrypoint into the engine's own environment.
+    docker += [
+        "--volume",
+        "%s/%s/secret.env:%s:ro" % (defaults.get("config_dir", "/etc/gpufleet/engines"), name, SECRET_MOUNT),
+    ]
+    for key in sorted(env):
+        docker += ["--env", "%s=%s" % (key, env[key])]
+    docker += ["--volume", "%s:%s:ro" % (inst["model"], MODEL_MOUNT % name)]
+    probe = "import urllib.request; urllib.request.urlopen('http://%s:%d/health', timeout=5)" % (health_host, port)
+    docker += [
+        "--health-cmd", "python3 -c \"%s\"" % probe,
+        "--health-interval", "30s", "--health-timeout", "10s", "--health-retries", "3",
+        "--health-start-period", "%ds" % inst.get("readiness_timeout", 900),
+    ]  # fmt: skip
+    entry = ["/bin/sh", "-c", 'set -a; . %s; set +a; exec "$@"' % SECRET_MOUNT, "gpufleet-engine"]
+    entry += ENGINE_INFO[engine].entrypoint
+    args = engine_args(inst)
+    docker += ["--entrypoint", entry[0], image, *entry[1:], *args]
+    return {
+        "name": name,
+        "engine": engine,
+        "accelerator": accelerator,
+        "image": image,
+        "unit": "gpufleet-engine@%s.service" % name,
+        "container": "gpufleet-%s" % name,
+        "docker_args": docker,
+        "engine_args": args,
+        "ipc": ipc,
+        "shm_size": shm,
+        "cpuset_cpus": cpus,
+        "cpuset_mems": mems,
+        "placement": why,
+        "port": port,
+        "base_url": base_url(inst),
+        "served_model_name": served_name(inst),
+        "model": inst["model"],
+        "readiness_timeout": inst.get("readiness_timeout", 900),
+        "drain_timeout": drain,
+        # systemd's TimeoutStopSec for the unit (a drop-in per instance): above docker's stop timeout
+        "stop_timeout": drain + DRAIN_UNIT_MARGIN,
+        "has_api_key": bool(inst.get("api_key")),
+        "secret_env_names": sorted(inst.get("secret_env") or {}),
+        "deployed": deployed(inst, image),
+    }

@@ -1,0 +1,645 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Validation of the engine role's ``gpufleet_engines`` (private to gpufleet.serving).
+
+One small check per field, each returning sentences that name
+``gpufleet_engines[i] (name).field``, the value and the fix; the engine options are checked
+against _engine_options. validate() runs them all and reports every error at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+    ACCELERATORS,
+    ENGINE_INFO,
+    ENGINES,
+    INSTANCE_KEYS,
+    KIND_WORDS,
+    OPTIONS,
+    OWN_ENV,
+    OWN_FLAGS,
+    REMOVED,
+    SECRET_ENV_HINTS,
+    default_tensor_parallel_size,
+    is_type,
+    label,
+    options_of,
+)
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import image_key, image_of
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import SURGE_PORT_OFFSET, surge_port
+from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import (
+    ModelConfigError,
+    load_model_config,
+    parallel_errors,
+)
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# A model folder: an absolute path of plain segments. No ':' or ',' (docker's --volume
+# separators), no control characters (the run file holds one argument per line), no '.' or
+# '..' segments and no '//' (the path is the one the host and the container agree on).
+MODEL_PATH = re.compile(r"^(/[A-Za-z0-9_@+=~][A-Za-z0-9._@+=~ -]*)+/?$")
+SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$")
+# A docker image reference: [registry[:port]/]path[:tag][@sha256:digest] (docker's grammar,
+# distribution/reference), lower-case path components.
+IMAGE_REF = re.compile(
+    r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+# A free-text engine option's value (reasoning_parser ...): a word, no spaces or control characters.
+OPTION_WORD = re.compile(r"^[A-Za-z0-9_.:/+-]{1,128}$")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+LOOPBACK = ("127.0.0.1", "::1")
+CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+SHM_SIZE = re.compile(r"^\d+[kmg]$")
+IPC_MODES = ("auto", "host", "private")
+
+
+@dataclass
+class Host:
+    """What the checks know about the host, and what earlier instances took."""
+
+    gpu_count: int = 0
+    # the GPUs' own indices (nvidia-smi's), None when only the count is known
+    gpu_indices: Optional[List[int]] = None
+    models: dict = field(default_factory=dict)
+    images: dict = field(default_factory=dict)
+    names: Dict[str, int] = field(default_factory=dict)
+    ports: Dict[int, int] = field(default_factory=dict)
+    gpus: Dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Instance:
+    """One instance as the checks see it."""
+
+    index: int
+    where: str
+    raw: dict
+    engine: str
+    accelerator: str
+    options: dict
+    gpus: List[int]  # [] when gpus is not a list of integers
+    tp: object
+    pp: object
+
+    @classmethod
+    def of(cls, i: int, inst: dict) -> "Instance":
+        options = options_of(inst)
+        gpus = inst.get("gpus", [])
+        if not isinstance(gpus, list) or not all(is_type(g, int) for g in gpus):
+            gpus = []
+        pp = options.get("pipeline_parallel_size") or 1
+        return cls(
+            index=i,
+            where=label(i, inst),
+            raw=inst,
+            engine=inst.get("engine", "vllm"),
+            accelerator=inst.get("accelerator", "nvidia"),
+            options=options,
+            gpus=gpus,
+            tp=options.get("tensor_parallel_size") or default_tensor_parallel_size(inst, gpus, pp),
+            pp=pp,
+        )
+
+
+def validate(instances, gpu=None, models=None, host=None, defaults=None) -> List[str]:
+    """All errors in the instance list, as sentences. Empty list = every instance is valid.
+
+    gpu: gpufleet_gpu facts; models: {path: {"exists": bool, "config": text|None}};
+    host: {"numa_nodes": [...]} (unused here, kept for the callers' symmetry);
+    defaults: the role's settings, of which `images` (engine_images) is checked.
+    """
+    if not isinstance(instances, list):
+        return ["gpufleet_engines must be a list of engine instances, got %s." % type(instances).__name__]
+    devices = (gpu or {}).get("devices")
+    seen = Host(
+        gpu_count=(gpu or {}).get("count") or 0,
+        gpu_indices=[d.get("index") for d in devices if isinstance(d, dict)] if isinstance(devices, list) else None,
+        models=models or {},
+        images=(defaults or {}).get("images") or {},
+    )
+    errors = []
+    for i, inst in enumerate(instances):
+        if not isinstance(inst, dict):
+            errors.append("%s must be a mapping with at least name, engine and model." % label(i, inst))
+            continue
+        one = Instance.of(i, inst)
+        for check in CHECKS:
+            errors.extend(check(one, seen))
+    errors.extend(_surge_ports(instances))
+    errors.extend(_downloads((defaults or {}).get("downloads") or []))
+    return errors
+
+
+HUB_REPO = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+HUB_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+
+
+def plain_path(path) -> bool:
+    """An absolute path of plain segments (MODEL_PATH), without '.' or '..' segments."""
+    return isinstance(path, str) and bool(MODEL_PATH.fullmatch(path)) and not re.search(r"/\.\.?(/|$)", path)
+
+
+def _downloads(downloads) -> List[str]:
+    """engine_model_downloads: each entry's repo_id, path and revision reach a command line."""
+    if not isinstance(downloads, list):
+        return ["engine_model_downloads must be a list of {repo_id, path, revision}."]
+    errors = []
+    for i, entry in enumerate(downloads):
+        where = "engine_model_downloads[%d]" % i
+        if not isinstance(entry, dict):
+            errors.append("%s must be a mapping with repo_id and path." % where)
+            continue
+        repo, path, rev = entry.get("repo_id"), entry.get("path"), entry.get("revision", "main")
+        if not (isinstance(repo, str) and HUB_REPO.fullmatch(repo)):
+            errors.append("%s.repo_id=%r must be a hub repository id like Qwen/Qwen2.5-7B-Instruct." % (where, repo))
+        if not plain_path(path):
+            errors.append(
+                "%s.path=%r must be a plain absolute folder path on the host (no ':' or ',', no line breaks, no '..')."
+                % (where, path)
+            )
+        if not (isinstance(rev, str) and HUB_REVISION.fullmatch(rev)):
+            errors.append("%s.revision=%r must be a branch, tag or commit id like main." % (where, rev))
+    return errors
+
+
+# ---------------------------------------------------------------- keys
+
+
+def _keys(one: Instance, seen: Host) -> List[str]:
+    unknown = sorted(set(one.raw) - set(INSTANCE_KEYS) - set(OPTIONS))
+    errors = ["%s.%s: %s." % (one.where, key, REMOVED[key]) for key in unknown if key in REMOVED]
+    for key in [k for k in unknown if k not in REMOVED]:
+        close = [k for k in sorted(set(INSTANCE_KEYS) | set(OPTIONS)) if _similar(key, k)]
+        errors.append(
+            "%s: unknown key %r%s. Engine flags without a typed option go in extra_args."
+            % (one.where, key, "; did you mean %s?" % " or ".join(close) if close else "")
+        )
+    return errors
+
+
+def _options_mapping(one: Instance, seen: Host) -> List[str]:
+    nested = one.raw.get("options")
+    if isinstance(nested, dict):
+        return [
+            "%s.options: unknown engine option %r. Use extra_args for other flags." % (one.where, key)
+            for key in sorted(set(nested) - set(OPTIONS))
+        ]
+    if nested is not None:
+        return ["%s.options must be a mapping of engine options." % one.where]
+    return []
+
+
+# ---------------------------------------------------------------- identity and engine
+
+
+def _name(one: Instance, seen: Host) -> List[str]:
+    name = one.raw.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        return [
+            "%s.name=%r must be 1-31 lower-case letters, digits or '-' (it names the unit "
+            "gpufleet-engine@NAME and the container)." % (one.where, name)
+        ]
+    if name in seen.names:
+        return ["%s.name=%r is already used by gpufleet_engines[%d]." % (one.where, name, seen.names[name])]
+    seen.names[name] = one.index
+    return []
+
+
+def _engine(one: Instance, seen: Host) -> List[str]:
+    errors = []
+    if one.engine not in ENGINES:
+        errors.append("%s.engine=%r must be one of %s." % (one.where, one.engine, ", ".join(ENGINES)))
+    if one.accelerator not in ACCELERATORS:
+        errors.append("%s.accelerator=%r must be one of %s." % (one.where, one.accelerator, ", ".join(ACCELERATORS)))
+    info = ENGINE_INFO.get(one.engine)
+    if info and one.accelerator in ACCELERATORS and one.accelerator not in info.accelerators:
+        others = [e for e in ENGINES if one.accelerator in ENGINE_INFO[e].accelerators]
+        errors.append(
+            "%s: engine %s with accelerator %s is not supported (%s); use engine %s for %s instances."
+            % (
+                one.where,
+                one.engine,
+                one.accelerator,
+                info.accelerator_note,
+                " or ".join(others),
+                one.accelerator.upper(),
+            )
+        )
+    return errors
+
+
+def _served_model_name(one: Instance, seen: Host) -> List[str]:
+    served = one.raw.get("served_model_name")
+    if served is not None and not (isinstance(served, str) and SERVED_NAME.fullmatch(served)):
+        return [
+            "%s.served_model_name=%r must be 1-128 letters, digits and . _ : / @ + - , starting with a letter or "
+            "digit (clients send it as the model's name)." % (one.where, served)
+        ]
+    return []
+
+
+def _drain_timeout(one: Instance, seen: Host) -> List[str]:
+    value = one.raw.get("drain_timeout")
+    if value is not None and not (is_type(value, int) and 1 <= value <= 86400):
+        return [
+            "%s.drain_timeout=%r must be whole seconds from 1 to 86400: how long a stopping instance lets its "
+            "requests finish (unset: its longest generation at 20 tokens/s)." % (one.where, value)
+        ]
+    return []
+
+
+def _api_key(one: Instance, seen: Host) -> List[str]:
+    if one.engine == "sglang" and one.raw.get("api_key"):
+        return [
+            "%s.api_key: SGLang takes its key only on the command line, where every local user can read it "
+            "(ps); leave api_key unset: the engine binds to loopback and the proxy checks client keys." % one.where
+        ]
+    return []
+
+
+def _image(one: Instance, seen: Host) -> List[str]:
+    image = one.raw.get("image")
+    if image is not None and not (is_type(image, str) and IMAGE_REF.fullmatch(image)):
+        return [
+            "%s.image=%r must be an image reference like registry.example.com/vllm/vllm-openai:v0.32.0 (lower-case "
+            "name, a pinned tag or @sha256 digest, nothing else)." % (one.where, image)
+        ]
+    if one.engine not in ENGINES or one.accelerator not in ACCELERATORS:
+        return []
+    resolved = image_of(one.raw, {"images": seen.images})
+    if not resolved:
+        key = image_key(one.raw)
+        return [
+            "%s.image is unset and engine_images has no %s entry; set either (an image with a pinned tag)."
+            % (one.where, key)
+        ]
+    if image is None and not (isinstance(resolved, str) and IMAGE_REF.fullmatch(resolved)):
+        return [
+            "engine_images.%s=%r must be an image reference like vllm/vllm-openai:v0.32.0 (lower-case name, a pinned "
+            "tag or @sha256 digest)." % (image_key(one.raw), resolved)
+        ]
+    return []
+
+
+# ---------------------------------------------------------------- network
+
+
+def _port(one: Instance, seen: Host) -> List[str]:
+    port = one.raw.get("port")
+    if not is_type(port, int) or not 1024 <= port <= 65535:
+        return ["%s.port=%r must be an integer from 1024 to 65535." % (one.where, port)]
+    if port in seen.ports:
+        return [
+            "%s.port=%d is already used by gpufleet_engines[%d]; give each instance its own port."
+            % (one.where, port, seen.ports[port])
+        ]
+    seen.ports[port] = one.index
+    return []
+
+
+def _bind(one: Instance, seen: Host) -> List[str]:
+    bind = one.raw.get("bind", "127.0.0.1")
+    try:
+        address = ipaddress.ip_address(bind)
+    except (TypeError, ValueError):
+        return [
+            "%s.bind=%r must be an IP address (default 127.0.0.1: only the proxy faces the network)."
+            % (one.where, bind)
+        ]
+    if not address.is_loopback and not one.raw.get("api_key"):
+        return [
+            "%s.bind=%s puts the engine's port beyond this host without a key: anyone who reaches the port could "
+            "use it. Set api_key (vLLM), or keep bind 127.0.0.1 and let clients in through the proxy."
+            % (one.where, bind)
+        ]
+    return []
+
+
+# ---------------------------------------------------------------- engine options
+
+
+def _option(one: Instance, key: str, value) -> List[str]:
+    option = OPTIONS[key]
+    if one.engine in ENGINES and one.engine not in option.engines:
+        hint = "; use %s" % option.counterpart if option.counterpart else ""
+        return ["%s.%s is not a %s option%s." % (one.where, key, one.engine, hint)]
+    if value is None:
+        return []
+    if not is_type(value, option.kind):
+        return ["%s.%s=%r must be %s." % (one.where, key, value, KIND_WORDS[option.kind])]
+    errors = []
+    if option.kind is str and not option.choices and not OPTION_WORD.fullmatch(value):
+        errors.append(
+            "%s.%s=%r must be one word of letters, digits and . _ : / + - (it becomes an engine argument)."
+            % (one.where, key, value)
+        )
+    if option.choices and value not in option.choices:
+        errors.append("%s.%s=%r must be one of %s." % (one.where, key, value, ", ".join(option.choices)))
+    if option.bounds_text() and not option.in_bounds(value):
+        errors.append("%s.%s=%r must be %s." % (one.where, key, value, option.bounds_text()))
+    return errors
+
+
+def _options(one: Instance, seen: Host) -> List[str]:
+    return [e for key, value in sorted(one.options.items()) for e in _option(one, key, value)]
+
+
+def _extra_args(one: Instance, seen: Host) -> List[str]:
+    extra = one.raw.get("extra_args", [])
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        return ["%s.extra_args must be a list of strings (one flag or value each)." % one.where]
+    errors = []
+    for arg in extra:
+        if CONTROL.search(arg):
+            errors.append(
+                "%s.extra_args: %r contains a line break or another control character; give each flag and value "
+                "as its own list item." % (one.where, arg)
+            )
+            continue
+        flag = _flag_name(arg)
+        if flag is None:
+            continue
+        own = [f for f in OWN_FLAGS if f.startswith(flag)]
+        typed = [
+            key for key, option in OPTIONS.items()
+            if option.flag(one.engine) is not None and _flag_forms(option.flag(one.engine)).intersection(
+                f for f in _flag_forms(option.flag(one.engine)) if f.startswith(flag))
+        ]  # fmt: skip
+        if own:
+            errors.append(
+                "%s.extra_args: %r is %s, which gpufleet sets itself (from api_key, bind, port, model, "
+                "served_model_name, drain_timeout); the engine reads '_' as '-' and accepts a flag's prefix, so it "
+                "would override them. Use those instance keys instead." % (one.where, arg, " or ".join(own))
+            )
+        elif typed:
+            errors.append(
+                "%s.extra_args: %r sets the typed option %s, which the memory plan must know: set "
+                "gpufleet_engines[%d].%s instead." % (one.where, arg, typed[0], one.index, typed[0])
+            )
+    return errors
+
+
+def _flag_name(arg: str):
+    """'--api_key=x' -> '--api-key', '-tp' -> None: the long flag an argument names, as the
+    engine's parser reads it ('_' as '-'), or None for a value or a short option."""
+    if not arg.startswith("--") or arg == "--":
+        return None
+    return arg.split("=", 1)[0].replace("_", "-").lower()
+
+
+def _flag_forms(flag) -> set:
+    """The long flags an option's Flag renders ('--x' and, for PAIR, '--no-x')."""
+    forms = {flag.name}
+    if flag.style == "pair":
+        forms.add("--no-" + flag.name[2:])
+    return forms
+
+
+def _env_mapping(one: Instance, key: str) -> List[str]:
+    env = one.raw.get(key, {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str)
+        and ENV_NAME.fullmatch(k)
+        and isinstance(v, (str, int, float))
+        and not isinstance(v, bool)
+        and not CONTROL.search(str(v))
+        for k, v in env.items()
+    ):
+        return ["%s.%s must map UPPER_CASE names to one-line strings or numbers." % (one.where, key)]
+    return []
+
+
+def _env(one: Instance, seen: Host) -> List[str]:
+    errors = _env_mapping(one, "env")
+    if errors:
+        return errors
+    for name in sorted(one.raw.get("env") or {}):
+        if name in OWN_ENV:
+            errors.append(
+                "%s.env: %s is set by gpufleet (from bind, api_key, kv_cache_space_gib, cpus or its offline "
+                "settings); remove it from env." % (one.where, name)
+            )
+        elif any(hint in name for hint in SECRET_ENV_HINTS):
+            errors.append(
+                "%s.env: %s looks like a secret, and env lands in docker-run.args, `docker inspect` and the "
+                "process list: move it to secret_env (kept in the instance's 0600 secret file)." % (one.where, name)
+            )
+    return errors
+
+
+def _secret_env(one: Instance, seen: Host) -> List[str]:
+    errors = _env_mapping(one, "secret_env")
+    if errors:
+        return errors
+    clash = sorted(set(one.raw.get("secret_env") or {}) & (set(one.raw.get("env") or {}) | set(OWN_ENV)))
+    if clash:
+        errors.append(
+            "%s.secret_env: %s %s set elsewhere (env, or by gpufleet: the engine key is api_key); set each name once."
+            % (one.where, ", ".join(clash), "is" if len(clash) == 1 else "are")
+        )
+    return errors
+
+
+# ---------------------------------------------------------------- GPUs and CPUs
+
+
+def _gpus(one: Instance, seen: Host) -> List[str]:
+    gpus = one.raw.get("gpus", [])
+    if not isinstance(gpus, list) or not all(is_type(g, int) for g in gpus):
+        errors = ["%s.gpus=%r must be a list of GPU indices, e.g. [0, 1]." % (one.where, gpus)]
+    else:
+        errors = []
+    if one.accelerator != "nvidia":
+        if one.gpus and one.accelerator == "cpu":
+            errors.append("%s.gpus must be empty for accelerator cpu." % one.where)
+        return errors
+    if not one.gpus:
+        errors.append("%s.gpus is required for accelerator nvidia (the device indices it runs on)." % one.where)
+    for g in one.gpus:
+        errors.extend(_gpu(one, seen, g))
+    if len(set(one.gpus)) != len(one.gpus):
+        errors.append("%s.gpus=%r lists a GPU twice." % (one.where, one.gpus))
+    tp, pp = one.tp, one.pp
+    if is_type(tp, int) and is_type(pp, int) and one.gpus and len(one.gpus) != tp * pp:
+        errors.append(
+            "%s: %d GPU(s) given but tensor_parallel_size x pipeline_parallel_size = %d x %d = %d; "
+            "they must match." % (one.where, len(one.gpus), tp, pp, tp * pp)
+        )
+    return errors
+
+
+def _gpu(one: Instance, seen: Host, g: int) -> List[str]:
+    count = seen.gpu_count
+    indices = seen.gpu_indices if seen.gpu_indices is not None else list(range(count))
+    if g not in indices:
+        return [
+            "%s.gpus: GPU %d does not exist on this host (nvidia-smi lists %d GPU%s%s)."
+            % (
+                one.where, g, len(indices), "" if len(indices) == 1 else "s",
+                ": %s" % ", ".join(map(str, sorted(indices))) if indices else "",
+            )
+        ]  # fmt: skip
+    if g in seen.gpus:
+        return [
+            "%s.gpus: GPU %d is already given to gpufleet_engines[%d]; an engine needs its GPUs to itself."
+            % (one.where, g, seen.gpus[g])
+        ]
+    seen.gpus[g] = one.index
+    return []
+
+
+def _cpu_instance(one: Instance, seen: Host) -> List[str]:
+    if one.accelerator != "cpu":
+        return []
+    errors = []
+    space = one.raw.get("kv_cache_space_gib", 1)
+    if not is_type(space, int) or space < 1:
+        errors.append(
+            "%s.kv_cache_space_gib=%r must be an integer of at least 1 (VLLM_CPU_KVCACHE_SPACE)." % (one.where, space)
+        )
+    cpus = one.raw.get("cpus")
+    if cpus is not None and (not isinstance(cpus, str) or not CPU_LIST.fullmatch(cpus)):
+        errors.append("%s.cpus=%r must be a CPU list like '0-7' or '0-3,8-11'." % (one.where, cpus))
+    return errors
+
+
+# ---------------------------------------------------------------- container
+
+
+def _ipc(one: Instance, seen: Host) -> List[str]:
+    ipc = one.raw.get("ipc", "auto")
+    if ipc not in IPC_MODES:
+        return ["%s.ipc=%r must be auto, host or private." % (one.where, ipc)]
+    return []
+
+
+def _shm_size(one: Instance, seen: Host) -> List[str]:
+    shm = one.raw.get("shm_size")
+    if shm is not None and (not isinstance(shm, str) or not SHM_SIZE.fullmatch(shm) or _bytes(shm) <= 64 * 2**20):
+        return [
+            "%s.shm_size=%r must be like '8g' and above Docker's 64m default (multi-process engines die with "
+            "'Bus error' in 64 MB)." % (one.where, shm)
+        ]
+    return []
+
+
+def _readiness_timeout(one: Instance, seen: Host) -> List[str]:
+    rt = one.raw.get("readiness_timeout", 900)
+    if not is_type(rt, int) or rt < 10:
+        return ["%s.readiness_timeout=%r must be an integer number of seconds, at least 10." % (one.where, rt)]
+    return []
+
+
+# ---------------------------------------------------------------- model
+
+
+def _model(one: Instance, seen: Host) -> List[str]:
+    """The model is on the host, and the parallel layout fits its shape."""
+    model = one.raw.get("model")
+    if not isinstance(model, str) or not model.startswith("/"):
+        return [
+            "%s.model=%r must be the absolute path of a model folder on the host (hub ids are downloaded "
+            "there first with engine_model_downloads)." % (one.where, model)
+        ]
+    if not plain_path(model):
+        return [
+            "%s.model=%r must be a plain absolute path: letters, digits, spaces and . _ @ + = ~ - between slashes; "
+            "no ':' or ',' (Docker's --volume separators), no line breaks, no '.' or '..' segments. Rename or "
+            "link the folder." % (one.where, model)
+        ]
+    info = seen.models.get(model) or {}
+    if info.get("pending_download"):
+        return []  # checked again right after engine_model_downloads fetched it
+    if not info.get("exists"):
+        return ["%s.model=%s does not exist on this host; download or copy it there first." % (one.where, model)]
+    if info.get("config") is None:
+        return ["%s.model=%s has no readable config.json; is it a Hugging Face model folder?" % (one.where, model)]
+    if not (is_type(one.tp, int) and is_type(one.pp, int)):
+        return []
+    try:
+        config = load_model_config(info["config"])
+    except ModelConfigError as exc:
+        return ["%s.model=%s: %s" % (one.where, model, exc)]
+    return parallel_errors(config, one.tp, one.pp, where="%s (model %s)" % (one.where, model), engine=one.engine)
+
+
+# In the order their messages appear.
+CHECKS = (
+    _keys,
+    _options_mapping,
+    _name,
+    _engine,
+    _served_model_name,
+    _api_key,
+    _port,
+    _bind,
+    _options,
+    _extra_args,
+    _env,
+    _secret_env,
+    _gpus,
+    _cpu_instance,
+    _ipc,
+    _shm_size,
+    _readiness_timeout,
+    _drain_timeout,
+    _image,
+    _model,
+)
+
+
+def _surge_ports(instances) -> List[str]:
+    """Each surge copy's port is free: not an instance's port nor another copy's."""
+    taken = {}
+    for i, inst in enumerate(instances):
+        if isinstance(inst, dict) and is_type(inst.get("port"), int):
+            taken.setdefault(inst["port"], "the port of gpufleet_engines[%d]" % i)
+    errors = []
+    for i, inst in enumerate(instances):
+        if not isinstance(inst, dict) or not is_type(inst.get("port"), int):
+            continue
+        where, port = label(i, inst), surge_port(inst)
+        if not is_type(port, int) or not 1024 <= port <= 65535:
+            errors.append(
+                "%s.surge_port=%r must be an integer from 1024 to 65535 (the port of the copy started beside the "
+                "instance while it restarts; default port + %d)." % (where, port, SURGE_PORT_OFFSET)
+            )
+        elif port in taken:
+            errors.append(
+                "%s: its surge copy's port %d (surge_port, default port + %d) is already %s; set surge_port to a "
+                "free port." % (where, port, SURGE_PORT_OFFSET, taken[port])
+            )
+        else:
+            taken[port] = "the surge port of gpufleet_engines[%d]" % i
+    return errors
+
+
+def _similar(a: str, b: str) -> bool:
+    """Whether key `a` looks like a typo of `b`."""
+    a, b = a.lower(), b.lower()
+    if a == b:
+        return False
+    if a.replace("-", "_") == b or a in b or (b in a and len(b) > 3):
+        return True
+    if abs(len(a) - len(b)) > 2:
+        return False
+    # at most two edits apart (Levenshtein: a letter left out, added or changed)
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1] <= 2
+
+
+def _bytes(size: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    return int(size[:-1]) * units[size[-1]]

@@ -1,0 +1,179 @@
+"""The edge's plan (backends, drains, TLS), the host firewall's open ports, the fleet lock's
+owner line, and what a draining host waits on: the decisions behind the edge, firewall and
+common roles and the rollout, on inputs shaped like an inventory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.filter.fleet_lock import fleet_lock_owner, fleet_lock_stale
+from ansible_collections.gpufleet.serving.plugins.filter.network import inventory_addresses, tls_subject_alt_names
+from ansible_collections.gpufleet.serving.plugins.module_utils._edge import backends, plan_edge
+from ansible_collections.gpufleet.serving.plugins.module_utils._firewall import plan_firewall
+from ansible_collections.gpufleet.serving.plugins.module_utils._status import busy, idle_targets
+
+EDGE = {"backend_group": "gpu_hosts", "drained": [], "listen_port": 8080, "listen_address": "0.0.0.0", "tls": False,
+        "tls_port": 8443, "tls_self_signed": False, "tls_certificate": "", "tls_certificate_key": ""}  # fmt: skip
+PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+
+
+def hosts(*names, **over):
+    return backends(list(names), {n: dict(over, ansible_host="10.0.0.%d" % i) for i, n in enumerate(names, 1)})
+
+
+def test_backends_read_each_hosts_proxy_settings_with_the_proxy_roles_defaults():
+    b = {"edge_address": "b.lan", "proxy_tls": True, "gpufleet_proxy_tls": {"certificate": PEM}}
+    got = backends(["a", "b"], {"a": {"ansible_host": "10.0.0.1"}, "b": b})
+    assert got[0] == {"name": "a", "address": "10.0.0.1", "tls": False, "port": 8080, "self_signed": False,
+                      "certificate": ""}  # fmt: skip
+    assert got[1]["address"] == "b.lan" and got[1]["port"] == 8443 and got[1]["certificate"] == PEM
+
+
+def test_the_rollout_batch_is_drained_beside_the_edges_own_drained_hosts():
+    plan = plan_edge(dict(EDGE, drained=["c"]), hosts("a", "b", "c"), batch=["a"])
+    assert plan["errors"] == []
+    assert plan["drained"] == ["a", "c"] and plan["in_service"] == ["b"]
+    assert [s["down"] for s in plan["servers"]] == [True, False, True]
+    # putting the batch back keeps the host the inventory drained for maintenance
+    back = plan_edge(dict(EDGE, drained=["c"]), hosts("a", "b", "c"), batch=[])
+    assert back["drained"] == ["c"]
+
+
+def test_the_last_backend_in_service_is_never_drained():
+    # a batch that takes every host in service out of several: refused before anything changes
+    plan = plan_edge(EDGE, hosts("a", "b"), batch=["a", "b"])
+    assert "would drain every backend still in service behind the edge (a, b)" in " ".join(plan["errors"])
+    assert "Lower gpufleet_rollout_batch" in " ".join(plan["errors"])
+    # a one-host group: the host stays in service while it changes, and the run says so
+    one = plan_edge(EDGE, hosts("a"), batch=["a"])
+    assert one["errors"] == [] and one["drained"] == [] and "only backend in service" in one["warnings"][0]
+    # the other in service, the rest drained by the inventory: same rule
+    two = plan_edge(dict(EDGE, drained=["b"]), hosts("a", "b"), batch=["a"])
+    assert two["drained"] == ["b"] and two["warnings"]
+
+
+@pytest.mark.parametrize(
+    ("over", "backend", "words"),
+    [
+        ({"drained": ["x"]}, {}, ["edge_drained=['x'] lists x, not in edge_backend_group=gpu_hosts"]),
+        ({"drained": ["a", "b"]}, {}, ["takes every host of edge_backend_group=gpu_hosts out of service"]),
+        ({}, {"proxy_tls": True, "proxy_tls_self_signed": True}, ["edge_tls=false while the proxies", "in clear"]),
+        ({"tls": True}, {}, ["edge_tls is on: set edge_tls_certificate"]),
+        ({"tls": True, "tls_self_signed": True, "tls_port": 8080}, {}, ["edge_tls_port=8080 is also edge_listen_port"]),
+        ({"listen_address": "every"}, {}, ["edge_listen_address='every' must be an IP address"]),
+    ],
+)  # fmt: skip
+def test_bad_edge_settings_are_named(over, backend, words):
+    text = " ".join(plan_edge(dict(EDGE, **over), hosts("a", "b", **backend))["errors"])
+    for word in words:
+        assert word in text
+
+
+def test_mixed_tls_behind_one_edge_is_refused():
+    mixed = backends(["a", "b"], {"a": {"proxy_tls": True}, "b": {}})
+    text = " ".join(plan_edge(dict(EDGE, tls=True, tls_self_signed=True), mixed)["errors"])
+    assert "mixes proxies with and without TLS (proxy_tls on a, off on b)" in text
+
+
+def test_a_self_signed_proxy_not_seen_yet_is_named_not_refused_at_preflight():
+    # a fresh fleet: the proxies' certificates do not exist before their role runs
+    tls = hosts("a", "b", proxy_tls=True, proxy_tls_self_signed=True)
+    plan = plan_edge(dict(EDGE, tls=True, tls_self_signed=True), tls)
+    assert plan["errors"] == [] and plan["untrusted"] == ["a", "b"] and plan["trust"] == []
+
+
+def test_tls_backends_are_trusted_by_their_published_certificates():
+    tls = hosts("a", "b", proxy_tls=True, proxy_tls_self_signed=True, gpufleet_proxy_tls={"certificate": PEM})
+    plan = plan_edge(dict(EDGE, tls=True, tls_self_signed=True), tls)
+    assert plan["errors"] == [] and plan["backend_tls"] is True
+    assert plan["trust"] == [PEM, PEM] and [s["port"] for s in plan["servers"]] == [8443, 8443]
+    assert plan["listen_address"] == "127.0.0.1" and plan["public_port"] == 8443
+
+
+def firewall(roles=("gpu_host",), host=None, **params):
+    base = {"ssh_port": 22, "ssh_sources": [], "proxy_sources": [], "monitoring_sources": [], "allow_tcp": []}
+    base.update(params)
+    return plan_firewall(base, dict({"gpufleet_engines": [{"name": "x"}]}, **(host or {})), list(roles))
+
+
+def test_a_gpu_host_opens_ssh_and_its_proxys_public_port_only():
+    assert firewall()["ports"] == [22, 8080]
+    # TLS on: the plain port stays on loopback, only the TLS port is open
+    assert firewall(host={"proxy_tls": True})["ports"] == [22, 8443]
+    # a host without engines runs no proxy
+    assert firewall(host={"gpufleet_engines": []})["ports"] == [22]
+    # an edge host opens the edge's port
+    assert firewall(roles=("edge",), host={"gpufleet_engines": [], "edge_tls": True})["ports"] == [22, 8443]
+
+
+def test_the_monitoring_listener_opens_to_the_monitoring_hosts_only():
+    # on loopback (the default): nothing to open
+    assert firewall(monitoring_sources=["10.0.9.1"])["ports"] == [22, 8080]
+    plan = firewall(host={"proxy_monitor_listen": "0.0.0.0:9091"}, monitoring_sources=["10.0.9.1", "fd00::1"])
+    rule = next(r for r in plan["rules"] if r["port"] == 9091)
+    assert rule["v4"] == ["10.0.9.1/32"] and rule["v6"] == ["fd00::1/128"]
+    # and not at all without monitoring hosts
+    assert 9091 not in firewall(host={"proxy_monitor_listen": "0.0.0.0:9091"})["ports"]
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ({"ssh_port": 0}, ["firewall_ssh_port=0 must be a port number"]),
+        ({"ssh_sources": ["office.example.com"]}, ["firewall_ssh_sources: 'office.example.com' is not an address"]),
+        ({"allow_tcp": [{"port": 70000}]}, ["firewall_allow_tcp[0]="]),
+        ({"allow_tcp": [{"port": 9100, "why": "x; drop"}]}, ["firewall_allow_tcp[0].why="]),
+    ],
+)
+def test_bad_firewall_settings_are_named(params, words):
+    text = " ".join(firewall(**params)["errors"])
+    for word in words:
+        assert word in text
+
+
+def test_fleet_lock_owner_names_this_run_and_is_not_stale_while_it_runs():
+    line = fleet_lock_owner("/x/playbooks/rollout.yml")
+    assert "playbook=rollout.yml" in line and "controller=" in line
+    assert fleet_lock_owner("rollout.yml") == line  # the same line each time one run asks
+    assert fleet_lock_stale(line) is False
+
+
+def test_a_lock_of_a_dead_run_here_is_stale_and_one_from_elsewhere_never_is():
+    # a process that ran and ended: its PID (and start time) no longer name a live process
+    child = subprocess.run(
+        [sys.executable, "-c", "from ansible_collections.gpufleet.serving.plugins.filter.fleet_lock import "
+         "fleet_lock_owner; print(fleet_lock_owner('site.yml'))"],
+        capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )  # fmt: skip
+    dead = child.stdout.strip()
+    assert fleet_lock_stale(dead) is True
+    assert fleet_lock_stale(dead.replace("controller=", "controller=other-")) is False
+    assert fleet_lock_stale("garbage") is False
+
+
+def test_inventory_addresses_and_subject_alt_names():
+    hv = {"a": {"ansible_host": "10.0.0.1"}, "b": {"ansible_facts": {"default_ipv4": {"address": "10.0.0.2"}}}, "c": {}}
+    assert inventory_addresses(["a", "b", "c"], hv) == ["10.0.0.1", "10.0.0.2", "c"]
+    assert tls_subject_alt_names(["gpu01", "10.0.0.5", "fd00::5"]) == ["DNS:gpu01", "IP:10.0.0.5", "IP:fd00::5"]
+
+
+def test_a_draining_host_waits_on_what_runs_now_for_each_drain_time():
+    deployed = [{"name": "chat", "engine": "vllm", "base_url": "http://127.0.0.1:8001", "drain_timeout": 819}]
+    plan = [{"name": "chat", "engine": "vllm", "base_url": "http://127.0.0.1:9999", "drain_timeout": 30},
+            {"name": "new", "engine": "sglang", "base_url": "http://127.0.0.1:8002", "drain_timeout": 40}]  # fmt: skip
+    targets = idle_targets(deployed, plan)
+    # the running instance's own port and drain time, not the new plan's; a new one from the plan
+    assert targets == [
+        {"name": "chat", "engine": "vllm", "base_url": "http://127.0.0.1:8001", "timeout": 819},
+        {"name": "new", "engine": "sglang", "base_url": "http://127.0.0.1:8002", "timeout": 40},
+    ]
+    assert [t["timeout"] for t in idle_targets(deployed, plan, override=5)] == [5, 5]
+    page = 'vllm:num_requests_running{engine="0"} 2.0\nvllm:num_requests_waiting{engine="0"} 0.0\n'
+    results = [{"status": 200, "content": page, "item": targets[0]},
+               {"status": 200, "content": "sglang:num_running_reqs 0\n", "item": targets[1]},
+               {"status": -1, "item": {"name": "gone"}}]  # fmt: skip
+    assert busy(results) == ["chat"]
