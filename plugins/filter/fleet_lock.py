@@ -33,7 +33,7 @@ def _playbook_process():
     """(pid, start) of the ansible-playbook process this filter runs under (its main process
     or one of its workers), found by walking up the process tree."""
     pid = os.getpid()
-    for _ in range(8):
+    for _level in range(8):
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as f:
                 argv = f.read().split(b"\0")

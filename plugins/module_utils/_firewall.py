@@ -76,7 +76,7 @@ def plan_firewall(params, host_vars, roles):
                                                               errors),
                           "why": "the proxy (%s)" % ("TLS" if proxy.get("proxy_tls") else "plain HTTP")})  # fmt: skip
         monitor = str(proxy.get("proxy_monitor_listen") or "")
-        address, _, port = monitor.rpartition(":")
+        address, _colon, port = monitor.rpartition(":")
         address = address.strip("[]")
         try:
             loopback = ipaddress.ip_address(address).is_loopback
