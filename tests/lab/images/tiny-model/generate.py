@@ -21,9 +21,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 # name -> shape. Different layers / heads / KV heads / dtypes let tests check the
 # planner's KV-cache arithmetic against the engine's own log line.
+# hidden is 512, not less: with hidden 256 in bfloat16, vLLM CPU 0.32.0's worker dies of
+# SIGILL (exit code -4) on the first forward pass on this lab's Xeon (AVX-512 + AMX); 512 runs
+# (seen 2026-12-02: one-token and 8 concurrent 64-token streams).
 PRESETS = {
-    "tiny-llama": dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, dtype="bfloat16"),
-    "tiny-llama-mha": dict(layers=3, hidden=256, heads=4, kv_heads=4, head_dim=64, dtype="bfloat16"),
+    "tiny-llama": dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, dtype="bfloat16"),
+    "tiny-llama-mha": dict(layers=3, hidden=512, heads=8, kv_heads=8, head_dim=64, dtype="bfloat16"),
     "tiny-llama-gqa8": dict(layers=4, hidden=512, heads=8, kv_heads=1, head_dim=64, dtype="float32"),
 }
 
