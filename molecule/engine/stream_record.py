@@ -1,10 +1,12 @@
-"""One stream read as fast as it comes, written to a JSON file when it ends (verify.yml starts
-it, restarts the instance meanwhile, then reads the file):
+"""One stream, recorded to a JSON file when it ends. verify.yml starts it in the background,
+changes something meanwhile (a key rotation and an nginx reload, or an instance restart),
+then reads the file:
 
-    python3 drain_stream.py BASE_URL MODEL KEY MAX_TOKENS OUT
+    python3 stream_record.py BASE_URL MODEL KEY MAX_TOKENS OUT [READ_DELAY]
 
-Records the completion tokens, the finish reason (None: the stream was cut), the error if
-any, and when it started and ended.
+READ_DELAY (seconds, default 0) is slept after each event: a slow reader keeps the stream open
+for minutes. Records the SSE events, the completion tokens, the finish reason (None: the stream
+was cut), the error if any, and when it started and ended.
 """
 
 import json
@@ -14,6 +16,7 @@ import time
 import urllib.request
 
 base, model, key, max_tokens, out = sys.argv[1:6]
+read_delay = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
 req = urllib.request.Request(
     base + "/v1/completions",
     method="POST",
@@ -35,6 +38,8 @@ try:
                     finish = data["choices"][0].get("finish_reason") or finish
                 if data.get("usage"):
                     tokens = data["usage"]["completion_tokens"]
+                if read_delay:
+                    time.sleep(read_delay)
 except Exception as exc:  # a cut stream: say how it ended
     error = "%s: %s" % (type(exc).__name__, str(exc)[:200])
 with open(out + ".tmp", "w") as handle:
