@@ -8,6 +8,7 @@
 #   make bench-planner the memory planner vs vllm-wizard vs published figures
 #   make fleet-lab     the fleet lab alone: site.yml, rollouts under load (also in make molecule)
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
+#   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -18,7 +19,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
-.PHONY: demo demo-down test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet fleet-lab lab clean-lab constraints build-collection
+.PHONY: demo demo-down test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start fleet-lab lab clean-lab constraints build-collection
 
 # Each tier's duration is printed at the end (tests/tiers.sh), passed or not.
 test:
@@ -89,6 +90,10 @@ fleet-lab: $(STAMP) lab
 # prints a table, also in .cache/bench-fleet.txt.
 bench-fleet: $(STAMP) lab
 	$(BIN)/python tests/bench/fleet_bench.py
+
+# The lab's vLLM CPU engine from docker run to /health, with and without the image's bytecode.
+bench-engine-start: $(STAMP) lab
+	$(BIN)/python tests/bench/engine_start.py
 
 # Memory planner vs vllm-wizard (PyPI) vs published figures, in one run; prints a table.
 WIZARD_VENV := .cache/bench/wizard-venv
