@@ -175,10 +175,13 @@ def start_hosts(names: dict[str, str], image: str, scenario: str, nested_docker:
             argv += ["-v", container + "-docker:/var/lib/docker"]
         _run([*argv, image, "/lib/systemd/systemd"])
     for container in names:
-        # right after `docker run`, systemd may not have its bus up yet: ask again for up to a minute
+        # right after `docker run`, systemd may not have its bus up yet, or not even have marked the
+        # system as booted (systemctl then says "offline"): ask again for up to a minute
         for _ in range(60):
             state = _run(["docker", "exec", container, "systemctl", "is-system-running", "--wait"], check=False)
-            if state.stdout.strip() in ("running", "degraded") or "connect to bus" not in state.stderr:
+            if state.stdout.strip() in ("running", "degraded"):
+                break
+            if "connect to bus" not in state.stderr and state.stdout.strip() not in ("offline", ""):
                 break
             time.sleep(1)
         if state.stdout.strip() not in ("running", "degraded"):
