@@ -134,6 +134,11 @@ def local_address(bind):
     return "127.0.0.1" if bind in ("0.0.0.0", "::", None) else bind
 
 
+def upstream_address(inst: dict, port=None) -> str:
+    """host:port at which the host's proxy lists the instance (or its copy on `port`)."""
+    return "%s:%d" % (local_address(inst.get("bind", "127.0.0.1")), inst["port"] if port is None else port)
+
+
 def base_url(inst: dict) -> str:
     host = local_address(inst.get("bind", "127.0.0.1"))
     return "http://%s:%d" % (host if ":" not in host else "[%s]" % host, inst["port"])
@@ -253,6 +258,7 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "placement": why,
         "port": port,
         "base_url": base_url(inst),
+        "address": upstream_address(inst),
         "served_model_name": served_name(inst),
         "model": inst["model"],
         "readiness_timeout": inst.get("readiness_timeout", 900),

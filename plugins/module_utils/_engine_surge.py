@@ -71,7 +71,7 @@ def _gpu_room(inst, instances, gpu, out):
 def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults=None) -> dict:
     """Can a copy of the instance, with its new settings, run beside the running one while it
     restarts (start-before-stop)? {fits, why, port, gpus, need_mib (CPU), docker_args, container,
-    base_url}. `inst` carries the planned options."""
+    base_url, address}. `inst` carries the planned options."""
     defaults, host, gpu = defaults or {}, host or {}, gpu or {}
     out = {"fits": False, "port": surge_port(inst), "gpus": []}
     if defaults.get("surge", "auto") == "never":
@@ -90,5 +90,7 @@ def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults
     args[args.index("gpufleet-%s" % name)] = "gpufleet-%s-surge" % name
     at = args.index("--label")
     args[at : at + 2] = ["--label", "io.gpufleet.engine=%s" % name, "--label", "io.gpufleet.surge=true"]
-    out.update(docker_args=args, container="gpufleet-%s-surge" % name, base_url=copy["base_url"])
+    out.update(
+        docker_args=args, container="gpufleet-%s-surge" % name, base_url=copy["base_url"], address=copy["address"]
+    )
     return out

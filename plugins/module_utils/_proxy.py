@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import local_address
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import local_address, upstream_address
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge_port
 
 KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
@@ -178,13 +178,9 @@ def plan_proxy(params, engines):
         "public_ports": [params.get("tls_port")] if tls else [params.get("listen_port")],
         # where a check on the host itself reaches the plain listener
         "local_address": local_address("127.0.0.1" if tls else params.get("listen_address", "0.0.0.0")),
-        "upstream": ["%s:%d" % (local_address(e.get("bind", "127.0.0.1")), e["port"]) for e in chosen if "port" in e],
+        "upstream": [upstream_address(e) for e in chosen if "port" in e],
         # the surge copies: used only while no instance answers (one of them restarting)
-        "backup": [
-            "%s:%d" % (local_address(e.get("bind", "127.0.0.1")), surge_port(e))
-            for e in chosen
-            if isinstance(surge_port(e), int)
-        ],
+        "backup": [upstream_address(e, surge_port(e)) for e in chosen if isinstance(surge_port(e), int)],
         "engine_key": (chosen[0].get("api_key") or None) if chosen else None,
         "model": models[0] if models else None,
         "instances": [e["name"] for e in chosen],
