@@ -30,9 +30,11 @@ def _start_time(pid):
 
 
 def _playbook_process():
-    """(pid, start) of the ansible-playbook process this filter runs under (its main process
-    or one of its workers), found by walking up the process tree."""
-    pid = os.getpid()
+    """(pid, start) of the ansible-playbook process this filter runs under, found by walking up
+    the process tree. Tasks are templated in worker processes forked from it, whose command
+    line is the same: the topmost of the chain is the run (a worker's PID would change from one
+    task to the next, and the run that took the lock could not release it)."""
+    pid, found = os.getpid(), None
     for _level in range(8):
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as f:
@@ -42,11 +44,15 @@ def _playbook_process():
         except (OSError, AttributeError):
             break
         if any(os.path.basename(a) == b"ansible-playbook" for a in argv[:3]):
-            return pid, _start_time(pid)
+            found = pid
+        elif found is not None:
+            break
         if ppid <= 1:
             break
         pid = ppid
-    return os.getpid(), _start_time(os.getpid())
+    if found is None:
+        found = os.getpid()
+    return found, _start_time(found)
 
 
 def fleet_lock_owner(playbook):

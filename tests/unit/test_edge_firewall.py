@@ -142,6 +142,26 @@ def test_fleet_lock_owner_names_this_run_and_is_not_stale_while_it_runs():
     assert fleet_lock_stale(line) is False
 
 
+def test_a_worker_forked_from_the_run_names_the_run_itself(tmp_path):
+    # Ansible templates tasks in worker processes forked from ansible-playbook (same command
+    # line): the lock taken in one worker must be released from another, so both name the run.
+    script = tmp_path / "ansible-playbook"
+    script.write_text(
+        "import os, sys\n"
+        "from ansible_collections.gpufleet.serving.plugins.filter.fleet_lock import fleet_lock_owner\n"
+        "r, w = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.write(w, fleet_lock_owner('rollout.yml').encode()); os._exit(0)\n"
+        "os.wait(); print(os.getpid()); print(fleet_lock_owner('rollout.yml')); print(os.read(r, 4096).decode())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    ).stdout.splitlines()  # fmt: skip
+    pid, main, worker = out
+    assert worker == main and " pid=%s " % pid in main
+
+
 def test_a_lock_of_a_dead_run_here_is_stale_and_one_from_elsewhere_never_is():
     # a process that ran and ended: its PID (and start time) no longer name a live process
     child = subprocess.run(
