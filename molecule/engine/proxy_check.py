@@ -147,7 +147,9 @@ def long_stream():
     status, _ = request(
         "POST",
         "/v1/completions",
-        body=json.dumps({"model": "tiny-llama", "prompt": "Hi", "max_tokens": 400, "ignore_eos": True}),
+        # long enough (several seconds at the tiny model's ~700 tokens/s) that the first two are
+        # still open when the third arrives, however fast the engine is on the day
+        body=json.dumps({"model": "tiny-llama", "prompt": "Hi", "max_tokens": 2000, "ignore_eos": True}),
     )
     stream_codes.append(status)
 
@@ -155,7 +157,7 @@ def long_stream():
 threads = [threading.Thread(target=long_stream) for _ in range(3)]
 for t in threads:
     t.start()
-    time.sleep(0.3)
+    time.sleep(0.1)
 [t.join() for t in threads]
 out["concurrent_codes"] = sorted(stream_codes)
 print(json.dumps(out))
