@@ -29,7 +29,9 @@ The test runs in stages; a failing stage ends the run.
      routes are the user's own.
    site.yml ends by streaming a completion through every host's proxy.
 
-The lab hosts are removed at the end unless `--keep` is given. Each run goes through
+Ansible reaches the lab hosts over SSH, as it reaches a fleet (tests/lab/harness.sh ssh: the
+lab's key, an ssh_config that maps each lab host's name to its address, known_hosts read from
+the hosts). The lab hosts are removed at the end unless `--keep` is given. Each run goes through
 ansible-runner like `gpufleet deploy` (gpufleet.runner): Ansible's own output is printed from
 the run's events, followed by each host's counts, and the idempotence check reads the counts
 from the run's stats.
@@ -37,8 +39,10 @@ from the run's stats.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -244,13 +248,20 @@ def lab_test(inventory: Path, converge: bool = False, keep: bool = False) -> int
     image = harness("image", "host")
     _say("starting %d lab hosts from %s" % (len(containers), image))
     start_hosts(containers, image, scenario="lab_test", nested_docker=converge)
+    (collection_root() / ".cache" / "lab").mkdir(parents=True, exist_ok=True)
+    ssh_dir = Path(tempfile.mkdtemp(prefix="lab_test-", dir=collection_root() / ".cache" / "lab"))
     try:
         for host in gpu_hosts:
             stage_hardware(PREFIX + host, inputs[host])
+        # over SSH, as Ansible reaches the fleet: the harness authorizes the lab key and writes
+        # an ssh_config (each lab host's name to its address) and a known_hosts read from the hosts
+        ssh_config = harness("ssh", str(ssh_dir), *containers)
         connection = {
-            "ansible_connection": "community.docker.docker",
+            "ansible_connection": "ssh",
             "ansible_host": PREFIX + "{{ inventory_hostname }}",
             "ansible_user": "root",
+            "ansible_ssh_common_args": "-F " + ssh_config,
+            "ansible_control_path_dir": str(ssh_dir / "cp"),
             "ansible_python_interpreter": "/usr/bin/python3",
         }
         _say("stage 1: preflight of every gpu host on its captured hardware (--check, nothing changes)")
@@ -298,6 +309,7 @@ def lab_test(inventory: Path, converge: bool = False, keep: bool = False) -> int
         return 0
     finally:
         if keep:
-            _say("kept: %s" % " ".join(containers))
+            _say("kept: %s (Ansible reaches them with ssh -F %s/ssh_config)" % (" ".join(containers), ssh_dir))
         else:
             remove_hosts(list(containers))
+            shutil.rmtree(ssh_dir, ignore_errors=True)

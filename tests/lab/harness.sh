@@ -6,6 +6,11 @@
 #   harness.sh image-tag NAME  print the tag the recipe hashes to (builds nothing)
 #   harness.sh archive NAME  image NAME as a docker-save archive in .cache/lab/images (prints the path)
 #   harness.sh model NAME    generate tiny model NAME in .cache/lab/models (prints the path)
+#   harness.sh ssh DIR NAME...  let Ansible reach lab hosts NAME... over SSH, as it reaches a real
+#                            fleet: the lab key (made once) authorized for root on each, and in DIR
+#                            an ssh_config mapping each NAME to its address and a known_hosts with
+#                            each host's key read from the host itself, and DIR/cp for Ansible's
+#                            ControlPersist sockets (empty); prints the ssh_config path
 #   harness.sh clean         remove lab containers, volumes and images (label io.gpufleet.lab)
 set -euo pipefail
 
@@ -106,6 +111,48 @@ model() {
   echo "$out"
 }
 
+ssh_access() {
+  # SSH with pipelining and ControlPersist costs about a third less per task than docker exec
+  # here (docs/benchmarks.md). The inventory keeps the hosts' names (the edge, the proxies'
+  # certificates and the firewall use them); the ssh_config resolves them.
+  local dir=$1; shift
+  local key="$cache/ssh/id_ed25519" name addr hostkey
+  mkdir -p "$dir" && install -d -m 0700 "$cache/ssh"
+  # Ansible's ControlPersist sockets for these hosts live in DIR/cp (ansible_control_path_dir),
+  # emptied here: a master left by earlier lab hosts of the same name or address would take
+  # the new connections to a container that is gone.
+  rm -rf "$dir/cp" && install -d -m 0700 "$dir/cp"
+  [ -f "$key" ] || ssh-keygen -q -t ed25519 -N "" -C gpufleet-lab -f "$key"
+  : > "$dir/known_hosts.tmp"
+  : > "$dir/ssh_config.tmp"
+  for name in "$@"; do
+    docker exec -i "$name" sh -c 'install -d -m 0700 /root/.ssh && cat > /root/.ssh/authorized_keys && chmod 0600 /root/.ssh/authorized_keys' < "$key.pub"
+    for _ in $(seq 1 30); do
+      hostkey=$(docker exec "$name" sh -c 'systemctl is-active --quiet ssh && cut -d" " -f1,2 /etc/ssh/ssh_host_ed25519_key.pub' 2>/dev/null) && break
+      sleep 1
+    done
+    [ -n "$hostkey" ] || { log "sshd does not run on lab host $name"; exit 1; }
+    addr=$(docker inspect -f '{{(index .NetworkSettings.Networks "gpufleet-lab").IPAddress}}' "$name")
+    printf '%s,%s %s\n' "$name" "$addr" "$hostkey" >> "$dir/known_hosts.tmp"
+    printf 'Host %s\n  HostName %s\n' "$name" "$addr" >> "$dir/ssh_config.tmp"
+  done
+  cat >> "$dir/ssh_config.tmp" <<CONFIG
+Host *
+  User root
+  IdentityFile $key
+  IdentitiesOnly yes
+  UserKnownHostsFile $dir/known_hosts
+  StrictHostKeyChecking yes
+  ControlMaster auto
+  ControlPersist 120s
+  ForwardX11 no
+  LogLevel ERROR
+CONFIG
+  chmod 0600 "$dir/known_hosts.tmp" "$dir/ssh_config.tmp"
+  mv "$dir/known_hosts.tmp" "$dir/known_hosts" && mv "$dir/ssh_config.tmp" "$dir/ssh_config"
+  echo "$dir/ssh_config"
+}
+
 clean() {
   docker ps -aq --filter label=io.gpufleet.lab | xargs -r docker rm -f >/dev/null
   docker volume ls -q --filter label=io.gpufleet.lab | xargs -r docker volume rm >/dev/null
@@ -123,6 +170,7 @@ case "${1:-}" in
   image-tag) image_tag "${2:?image name}" ;;
   archive) ensure_docker; archive "${2:?image name}" ;;
   model) ensure_docker; model "${2:?model name}" ;;
+  ssh) ssh_access "${2:?folder}" "${@:3}" ;;
   clean) ensure_docker; clean ;;
-  *) sed -n '2,10p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
 esac

@@ -119,7 +119,8 @@ def test_lab_test_runs_site_yml_through_the_runner_stage_by_stage(no_docker, mon
     assert all(r.playbook == "site" and r.inventory == str(tmp_path / "hosts.yml") for r in fake.requests)
     assert all(r.verbose == 1 for r in fake.requests)  # Ansible's own output in lab test's output
     assert (preflight.check, preflight.diff, preflight.tags) == (True, True, "preflight")
-    assert preflight.extravars["ansible_connection"] == "community.docker.docker"
+    assert preflight.extravars["ansible_connection"] == "ssh"
+    assert preflight.extravars["ansible_ssh_common_args"].startswith("-F /x/ssh-")
     assert "gpufleet_engines" not in preflight.extravars  # the user's own variables, unchanged
     assert (check.check, check.diff, converge.check, again.check) == (True, True, False, False)
     engines = converge.extravars["gpufleet_lab_engines"]["gpu-01"]
