@@ -7,6 +7,8 @@
 #   make bench-stream  the streaming benchmark (direct vs gpufleet proxy vs stock nginx)
 #   make bench-planner the memory planner vs vllm-wizard vs published figures
 #   make fleet-lab     the fleet lab alone: site.yml, rollouts under load (also in make molecule)
+#   make bench-rollout the fleet lab with the stop-before-start baseline: requests failed during the
+#                      same change without start-before-stop, beside the 0 failed with it
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 #   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
 SHELL := /bin/bash
@@ -19,7 +21,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
-.PHONY: demo demo-down test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start fleet-lab lab clean-lab constraints build-collection
+.PHONY: demo demo-down test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout fleet-lab lab clean-lab constraints build-collection
 
 # Each tier's duration is printed at the end (tests/tiers.sh), passed or not.
 test:
@@ -85,6 +87,11 @@ bench-stream: $(STAMP) lab
 # The fleet lab (three lab hosts, two real engines, a rollout under load and a failed one).
 fleet-lab: $(STAMP) lab
 	$(BIN)/molecule test -s fleet
+
+# The fleet lab plus its baseline: the same change on one host with engine_surge=never under the
+# same load; prints both counts (figures, not assertions about speed).
+bench-rollout: $(STAMP) lab
+	GPUFLEET_BENCH_ROLLOUT=1 $(BIN)/molecule test -s fleet
 
 # site.yml's controller cost on 1, 4 and 8 light lab hosts over SSH (and mitogen, opt-in);
 # prints a table, also in .cache/bench-fleet.txt.
