@@ -106,3 +106,34 @@ def ensure_importable() -> None:
     path = str(collections_path())
     if path not in sys.path:
         sys.path.insert(0, path)
+
+
+def install_collection(target: str | None = None, force: bool = False) -> int:
+    """`gpufleet collection install`: build the carried gpufleet.serving and install it with
+    ansible-galaxy (into `target`, or the first entry of Ansible's collections path), so plain
+    ansible-playbook and ansible-doc find it. Dependencies are not fetched (--no-deps): they
+    come with gpufleet's Python dependencies. Returns ansible-galaxy's exit status."""
+    import subprocess
+    import tempfile
+
+    coll = locate_collection()
+    galaxy = Path(sys.executable).parent / "ansible-galaxy"
+    command = str(galaxy) if galaxy.is_file() else "ansible-galaxy"
+    with tempfile.TemporaryDirectory(prefix="gpufleet-collection-") as out:
+        built = subprocess.run(
+            [command, "collection", "build", "--output-path", out, str(coll.root)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        tarballs = sorted(Path(out).glob("gpufleet-serving-*.tar.gz"))
+        if built.returncode != 0 or not tarballs:
+            sys.stderr.write(built.stdout + built.stderr)
+            print("gpufleet collection install: building %s failed" % coll.root, file=sys.stderr)
+            return built.returncode or 1
+        argv = [command, "collection", "install", "--no-deps", str(tarballs[0])]
+        if target:
+            argv += ["-p", str(Path(target).expanduser())]
+        if force:
+            argv.append("--force")
+        return subprocess.run(argv, check=False).returncode

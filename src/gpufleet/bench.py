@@ -30,7 +30,7 @@ Per level: requests ok/failed, duration (first send to last end), successful req
 tokens per second (successful requests), and mean/p50/p90/p99 of TTFT, TPOT, ITL (all gaps pooled) and E2E
 in milliseconds. Percentiles interpolate linearly between closest ranks (see `percentile`).
 
-Exit status: 0 when every request succeeded, 1 when any failed, 2 on bad input (options, an unreachable
+Exit status: 0 when every request succeeded, 2 when any failed, 1 on bad input (options, an unreachable
 URL, a refused API key, an unknown model) or without the openai client (the bench extra). The API key
 comes from --api-key, GPUFLEET_API_KEY or OPENAI_API_KEY, in that order, and is never printed.
 """
@@ -761,14 +761,14 @@ def format_report(report: Report) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`gpufleet bench`: 0 when every request succeeded, 1 when any failed, 2 on bad input or no client."""
+    """`gpufleet bench`: 0 when every request succeeded, 2 when any failed, 1 on bad input or no client."""
     try:
         require_openai()
         settings = settings_from_args(args)
         report = asyncio.run(bench(settings, progress=lambda text: print("gpufleet bench: " + text, file=sys.stderr)))
     except BenchInputError as exc:
         print("gpufleet bench: %s" % exc, file=sys.stderr)
-        return 2
+        return 1
     except KeyboardInterrupt:
         print("gpufleet bench: interrupted", file=sys.stderr)
         return 130
@@ -776,4 +776,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=2))
     else:
         print(format_report(report))
-    return 1 if report.failed else 0
+    return 2 if report.failed else 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -73,7 +74,19 @@ def cmd_gpu_capture(args: argparse.Namespace) -> int:
 def cmd_gpu_show(args: argparse.Namespace) -> int:
     from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology import build_facts
 
-    texts = read_capture(Path(args.folder))
+    folder = Path(args.folder)
+    texts = read_capture(folder)
+    if not folder.is_dir() or not any(texts.values()):
+        print(
+            "gpufleet gpu show: %s %s; give a folder written by `gpufleet gpu capture` (it holds %s)"
+            % (
+                folder,
+                "holds none of the capture's files" if folder.is_dir() else "is not a folder",
+                ", ".join(CAPTURE_FILES),
+            ),
+            file=sys.stderr,
+        )
+        return 1
     facts = build_facts(
         query_csv=texts["query-gpu.csv"],
         summary=texts["nvidia-smi.txt"],
@@ -211,8 +224,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if plan["fits"] else 2
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with gpufleet's exit codes: a usage error is bad input, exit 1 (2 means a check
+    ran and did not pass: a plan that does not fit, an instance not serving)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(1, "%s: error: %s\n" % (self.prog, message))
+
+
+# The commands that run a playbook: any option they do not own goes to ansible-playbook unchanged.
+PASSTHROUGH = ("deploy", "rollout", "status")
+PASSTHROUGH_HELP = (
+    "Any other option goes to ansible-playbook unchanged and is checked by its own parser first: "
+    "-u USER, -b, -K, -k, --private-key FILE, -c, -f, -t/--tags, --skip-tags, -C/--check, -D/--diff, "
+    "--vault-id, --vault-password-file, -J, --list-hosts, --list-tasks, --syntax-check, --start-at-task, "
+    "-v (Ansible's verbosity; its output is shown). Passwords asked for (-K, -k, -J, --vault-id ID@prompt) "
+    "are asked here and given to ansible-playbook's prompt."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpufleet", description=__doc__)
+    parser = Parser(prog="gpufleet", description=__doc__)
     parser.add_argument("--version", action="version", version=_version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -252,13 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
         "deploy",
         help="run site.yml on an inventory (preflight everywhere first, then every layer)",
         description="Run playbooks/site.yml through ansible-runner with a live per-host view. The exit status is "
-        "the run's; a failed run ends with one sentence per failed host and the path of the full log.",
+        "the run's; a failed run ends with one sentence per failed host and the path of the full log. "
+        "Layers: --tags preflight,engine (ansible-playbook's option).",
+        epilog=PASSTHROUGH_HELP,
+        allow_abbrev=False,
     )
     _playbook_args(deploy)
-    deploy.add_argument("--tags", help="only these layers (e.g. preflight,engine)")
-    deploy.add_argument("--skip-tags", help="skip these layers")
-    deploy.add_argument("-C", "--check", action="store_true", help="change nothing; report what would change")
-    deploy.add_argument("-D", "--diff", action="store_true", help="show the changes to files")
     deploy.set_defaults(func=cmd_deploy)
 
     rollout = sub.add_parser(
@@ -266,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="roll a change across the gpu hosts, batch by batch, without dropping requests",
         description="Run playbooks/rollout.yml: per batch, drain from the edge, wait for requests to finish, apply "
         "(start-before-stop where a copy fits), readiness and smoke test, put back. The first failed host stops it.",
+        epilog=PASSTHROUGH_HELP,
+        allow_abbrev=False,
     )
     _playbook_args(rollout)
     rollout.add_argument("--batch", help="hosts per batch: a number or a percentage like 25%% (default 1)")
@@ -277,14 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status",
         help="what each gpu host serves now: engines, model, TP, KV cache use, requests, driver, NCCL P2P",
-        description="Run the read-only playbooks/status.yml. Exit 0 when every engine instance serves, 1 when one "
-        "does not, the run's status when a host could not be read.",
+        description="Run the read-only playbooks/status.yml. Exit 0 when every engine instance serves, 2 when one "
+        "does not, the run's status when a host could not be read, 1 on bad input.",
+        epilog=PASSTHROUGH_HELP,
+        allow_abbrev=False,
     )
-    status.add_argument("-i", "--inventory", required=True, help="inventory file or folder")
-    status.add_argument("-l", "--limit", help="only these hosts or groups")
-    status.add_argument("--vault-password-file", action="append", default=[], metavar="FILE")
-    status.add_argument("-J", "--ask-vault-pass", action="store_true", help="ask for the vault password")
-    status.add_argument("--json", action="store_true", help="print the reports as one JSON object")
+    _playbook_args(status, json_help="print the reports as one JSON object")
     status.set_defaults(func=cmd_status)
 
     from gpufleet import bench as _bench
@@ -333,6 +365,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     test.add_argument("--keep", action="store_true", help="leave the lab hosts running afterwards")
     test.set_defaults(func=cmd_lab_test)
+
+    coll = sub.add_parser(
+        "collection",
+        help="make the gpufleet.serving collection this CLI carries usable by plain ansible-playbook and ansible-doc",
+    )
+    coll_sub = coll.add_subparsers(dest="collection_command", metavar="ACTION", required=True)
+    cpath = coll_sub.add_parser(
+        "path",
+        help="print the collections path that holds gpufleet.serving",
+        description="Print a folder that holds ansible_collections/gpufleet/serving, for Ansible's collections "
+        'path: export ANSIBLE_COLLECTIONS_PATH="$(gpufleet collection path)"',
+    )
+    cpath.set_defaults(func=cmd_collection)
+    cinstall = coll_sub.add_parser(
+        "install",
+        help="install gpufleet.serving where Ansible looks (ansible-galaxy collection install)",
+        description="Build the carried collection and install it with ansible-galaxy into DIR (default: the first "
+        "entry of Ansible's collections path, ~/.ansible/collections). Its dependencies are not fetched: "
+        "they come with gpufleet's Python dependencies.",
+    )
+    cinstall.add_argument("-p", "--collections-path", metavar="DIR", help="install into DIR")
+    cinstall.add_argument("--force", action="store_true", help="replace an installed copy of the same version")
+    cinstall.set_defaults(func=cmd_collection)
     return parser
 
 
@@ -366,7 +421,7 @@ def _add_plan_pins(plan: argparse.ArgumentParser) -> None:
             plan.add_argument("--" + name.replace("_", "-"), type=option.kind, choices=choices or None, help=help_text)
 
 
-def _playbook_args(p: argparse.ArgumentParser) -> None:
+def _playbook_args(p: argparse.ArgumentParser, json_help: str | None = None) -> None:
     p.add_argument("-i", "--inventory", required=True, help="inventory file or folder")
     p.add_argument("-l", "--limit", help="only these hosts or groups (Ansible's --limit pattern)")
     p.add_argument(
@@ -377,31 +432,28 @@ def _playbook_args(p: argparse.ArgumentParser) -> None:
         metavar="VARS",
         help="KEY=VALUE, @FILE (YAML/JSON) or a JSON mapping; may be repeated",
     )
-    p.add_argument("--vault-password-file", action="append", default=[], metavar="FILE")
-    p.add_argument("-J", "--ask-vault-pass", action="store_true", help="ask for the vault password")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="raw Ansible output (-vv and more: verbose)")
-    p.add_argument("--json", action="store_true", help="print one JSON object: per-host counts, failures, rc, log")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help=json_help or "print one JSON object: per-host counts, failures, rc, log",
+    )
 
 
 def _request(args: argparse.Namespace, playbook: str):
     from gpufleet.runner import RunRequest, parse_extravars
 
     extravars, extravar_files = parse_extravars(args.extra_vars)
-    return RunRequest(
+    req = RunRequest(
         playbook=playbook,
         inventory=args.inventory,
         limit=args.limit,
-        tags=getattr(args, "tags", None),
-        skip_tags=getattr(args, "skip_tags", None),
-        check=getattr(args, "check", False),
-        diff=getattr(args, "diff", False),
         extravars=extravars,
         extravar_files=extravar_files,
-        vault_password_files=args.vault_password_file,
-        ask_vault_pass=args.ask_vault_pass,
-        verbose=args.verbose,
         json=args.json,
+        ansible_args=list(getattr(args, "ansible_args", [])),
     )
+    req.options()  # ansible-playbook's parser reads the passed-through options now (UsageError)
+    return req
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -411,7 +463,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return run_playbook(_request(args, "site"))
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=sys.stderr)
-        return 2
+        return 1
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -430,22 +482,26 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         return run_playbook(req)
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=sys.stderr)
-        return 2
+        return 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from gpufleet.runner import RunRequest, run_status
+    from gpufleet.runner import UsageError, run_status
 
-    return run_status(
-        RunRequest(
-            playbook="status",
-            inventory=args.inventory,
-            limit=args.limit,
-            vault_password_files=args.vault_password_file,
-            ask_vault_pass=args.ask_vault_pass,
-            json=args.json,
-        )
-    )
+    try:
+        return run_status(_request(args, "status"))
+    except UsageError as exc:
+        print("gpufleet: %s" % exc, file=sys.stderr)
+        return 1
+
+
+def cmd_collection(args: argparse.Namespace) -> int:
+    from gpufleet._collection import install_collection, locate_collection
+
+    if args.collection_command == "path":
+        print(locate_collection().collections_path)
+        return 0
+    return install_collection(args.collections_path, force=args.force)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -474,8 +530,22 @@ def cmd_lab_test(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()  # a closed pipe (`gpufleet ... | head`) shows here, not at exit
+        return rc
+    except BrokenPipeError:
+        # the reader went away: stop quietly, as `cat` does (128 + SIGPIPE)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and getattr(args, "command", None) not in PASSTHROUGH:
+        parser.error("unrecognized arguments: %s" % " ".join(rest))
+    args.ansible_args = rest
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -162,7 +162,9 @@ def up(verbose: int = 0) -> int:
         **lab.lab_vars(),
     }
     _say("site.yml on inventories/demo")
-    rc = run_playbook(RunRequest(playbook="site", inventory=str(inventory), extravars=extravars, verbose=verbose))
+    rc = run_playbook(
+        RunRequest(playbook="site", inventory=str(inventory), extravars=extravars, verbose=verbose, echo=verbose > 0)
+    )
     if rc != 0:
         _say(
             "site.yml failed (exit %d); the demo host is left as it is for a look (gpufleet demo down removes it)" % rc

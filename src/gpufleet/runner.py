@@ -21,8 +21,10 @@ Failures are classified by what the roles mark, never by task names:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import getpass
+import io
 import json
 import os
 import re
@@ -103,6 +105,71 @@ def parse_extravars(values: list[str] | None) -> tuple[dict[str, Any], list[str]
                 raise UsageError("-e %r: give KEY=VALUE, @FILE or a JSON mapping" % value)
             data.update(pairs)
     return data, files
+
+
+# The playbook name ansible-playbook's parser is given while it reads the passed-through options.
+_PLAYBOOK_MARK = "gpufleet-runs-its-own-playbook.yml"
+
+
+def ansible_options(args: list[str]) -> argparse.Namespace:
+    """The options gpufleet passes through to ansible-playbook, read by ansible-playbook's own
+    parser: a misspelt or incomplete option fails before any run, in Ansible's words, and
+    gpufleet learns what the run will ask for (-K, -k, -J, --vault-id ID@prompt) and show
+    (-v, --list-hosts, --list-tasks, --list-tags, --syntax-check)."""
+    from ansible.cli.playbook import PlaybookCLI
+
+    cli = PlaybookCLI(["ansible-playbook", _PLAYBOOK_MARK])
+    cli.init_parser()
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            options = cli.parser.parse_args([_PLAYBOOK_MARK, *args])
+    except SystemExit:
+        lines = [line for line in said.getvalue().splitlines() if line.strip()]
+        reason = lines[-1] if lines else "not accepted"
+        raise UsageError(
+            "ansible-playbook refuses the options %s: %s" % (shlex.join(args), reason.replace(_PLAYBOOK_MARK, ""))
+        ) from None
+    others = [a for a in options.args if a != _PLAYBOOK_MARK]
+    if others:
+        raise UsageError(
+            "%s: gpufleet runs its own playbook; give options only (a value that starts with '-' goes as "
+            "--option=VALUE)" % shlex.join(others)
+        )
+    owned = [
+        flag for flag, value in (("-i", options.inventory), ("-l", options.subset), ("-e", options.extra_vars)) if value
+    ]
+    if owned:
+        raise UsageError(
+            "%s inside %s: give %s as gpufleet's own option%s, on its own"
+            % (", ".join(owned), shlex.join(args), " and ".join(owned), "s" if len(owned) > 1 else "")
+        )
+    return options
+
+
+def prompt_answers(options: argparse.Namespace, ask=None) -> dict[str, str]:
+    """The passwords the run will ask for, asked here first and answered on ansible-playbook's
+    terminal by ansible-runner: {prompt pattern: answer}. The prompts are ansible-core's own
+    (ansible/cli/__init__.py: ask_passwords, setup_vault_secrets)."""
+    ask = ask or getpass.getpass
+    answers: dict[str, str] = {}
+    if options.ask_pass:
+        answers[r"^SSH password:\s*?$"] = ask("SSH password: ")
+    if options.become_ask_pass:
+        if options.ask_pass:
+            answers[r"^[A-Z]+ password\[defaults to SSH password\]:\s*?$"] = (
+                ask("BECOME password[defaults to SSH password]: ") or answers[r"^SSH password:\s*?$"]
+            )
+        else:
+            answers[r"^[A-Z]+ password:\s*?$"] = ask("BECOME password: ")
+    if options.ask_vault_pass:
+        answers[r"^Vault password:\s*?$"] = ask("Vault password: ")
+    for vault_id in options.vault_ids or []:
+        label, _, source = vault_id.rpartition("@")
+        if source == "prompt":
+            prompt = "Vault password (%s): " % (label or "default")
+            answers["^" + re.escape(prompt.rstrip()) + r"\s*?$"] = ask(prompt)
+    return answers
 
 
 def _config_value(name: str, config_file: str | None) -> Any:
@@ -384,8 +451,22 @@ class RunRequest:
     extravar_files: list[str] = field(default_factory=list)
     vault_password_files: list[str] = field(default_factory=list)
     ask_vault_pass: bool = False
-    verbose: int = 0
+    verbose: int = 0  # ansible-playbook's -v count
     json: bool = False
+    # anything else for ansible-playbook, unchanged (gpufleet deploy/rollout/status pass through
+    # every option they do not own: -u, -b, -K, -t, -C, --private-key, --list-hosts, ...)
+    ansible_args: list[str] = field(default_factory=list)
+    # show Ansible's own output (None: with -v, or when an option lists instead of running)
+    echo: bool | None = None
+
+    def options(self) -> argparse.Namespace:
+        return ansible_options(self.ansible_args)
+
+    def shows_output(self) -> bool:
+        if self.echo is not None:
+            return self.echo
+        o = self.options()
+        return bool(self.verbose or o.verbosity or o.listhosts or o.listtasks or o.listtags or o.syntax)
 
 
 def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path, colour: bool = False) -> dict[str, Any]:
@@ -418,8 +499,10 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path, colour: 
         cmdline.append("--ask-vault-pass")
     for path in req.extravar_files:
         cmdline += ["-e", "@" + path]
-    if req.verbose > 1:
-        cmdline.append("-" + "v" * (req.verbose - 1))
+    if req.verbose > 0:
+        cmdline.append("-" + "v" * req.verbose)
+    req.options()  # ansible-playbook's parser reads the passed-through options before the run
+    cmdline += req.ansible_args
     kwargs: dict[str, Any] = {
         "private_data_dir": str(private_dir),
         "playbook": str(playbook),
@@ -446,12 +529,12 @@ class Outcome:
 
     rc: int
     status: str
-    log: Path | None  # None: the run did not start (bad input, rc 2)
+    log: Path | None  # None: the run did not start (bad input, rc 1)
     view: RunView
 
 
 def execute(req: RunRequest, view: RunView, err: TextIO | None = None) -> Outcome:
-    """One ansible-runner run for the request, its events fed to the view (rc 2 on bad input)."""
+    """One ansible-runner run for the request, its events fed to the view (rc 1 on bad input)."""
     import ansible_runner
 
     err = err or sys.stderr
@@ -469,10 +552,12 @@ def execute(req: RunRequest, view: RunView, err: TextIO | None = None) -> Outcom
         kwargs = runner_kwargs(req, coll, private_dir, colour=view.echo and view.out.isatty())
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=err)
-        return Outcome(rc=2, status="not started", log=None, view=view)
-    if req.ask_vault_pass:
-        secret = getpass.getpass("Vault password: ")
-        kwargs["passwords"] = {r"^Vault password:\s*?$": secret}
+        return Outcome(rc=1, status="not started", log=None, view=view)
+    options = req.options()
+    options.ask_vault_pass = options.ask_vault_pass or req.ask_vault_pass
+    answers = prompt_answers(options)
+    if answers:
+        kwargs["passwords"] = answers
     cancel = Cancel()
     try:
         with cancel:
@@ -573,9 +658,14 @@ def _print_failures(view: RunView, what: str, rc: int, status: str, log: Path, e
 def play(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> Outcome:
     """Run the request; print the live view (or Ansible's output with -v, or JSON) and the ending."""
     out, err = out or sys.stdout, err or sys.stderr
-    live = not req.json and req.verbose == 0 and out.isatty()
-    view = RunView(out=out, live=live, quiet=req.json or req.verbose > 0, echo=req.verbose > 0 and not req.json)
-    if not req.json and req.verbose == 0:
+    try:
+        echo = req.shows_output() and not req.json
+    except UsageError as exc:
+        print("gpufleet: %s" % exc, file=err)
+        return Outcome(rc=1, status="not started", log=None, view=RunView(out=out))
+    live = not req.json and not echo and out.isatty()
+    view = RunView(out=out, live=live, quiet=req.json or echo, echo=echo)
+    if not req.json and not echo:
         print("gpufleet: %s on %s" % (req.playbook, req.inventory), file=out)
     outcome = execute(req, view, err)
     if outcome.log is None:
@@ -637,9 +727,14 @@ def status_rows(reports: dict[str, Any]) -> list[list[str]]:
 
 def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """gpufleet status: the read-only status.yml, printed as a table (or JSON). Exit 0 when every
-    instance serves, 1 when one does not, the run's rc when a host could not be read."""
+    instance serves, 2 when one does not, the run's rc when a host could not be read, 1 on bad input."""
     out, err = out or sys.stdout, err or sys.stderr
-    view = RunView(out=out, live=False, quiet=True)
+    try:
+        echo = req.shows_output() and not req.json
+    except UsageError as exc:
+        print("gpufleet: %s" % exc, file=err)
+        return 1
+    view = RunView(out=out, live=False, quiet=True, echo=echo)
     outcome = execute(req, view, err)
     if outcome.log is None:
         return outcome.rc
@@ -662,5 +757,5 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
         return rc
     if down:
         print("gpufleet: not serving: %s" % ", ".join(down), file=err)
-        return 1
+        return 2
     return 0

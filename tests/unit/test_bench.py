@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpufleet import bench
+from gpufleet import bench, cli
 
 # --------------------------------------------------------------------------------------------------------------
 # The engine stand-in
@@ -167,7 +167,7 @@ class EngineStandIn:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gpufleet bench")
+    parser = cli.Parser(prog="gpufleet bench")  # gpufleet's parser: a usage error exits 1
     bench.add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -249,10 +249,10 @@ def test_arguments_defaults_and_lists():
         ["u", "--requests", "5", "--duration", "10"],
     ],
 )
-def test_bad_options_exit_2(argv, capsys):
+def test_bad_options_exit_1(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         parse(argv)
-    assert exc.value.code == 2
+    assert exc.value.code == 1
 
 
 @pytest.mark.parametrize(
@@ -277,8 +277,8 @@ def test_base_url_with_or_without_v1(url, base):
         (["http://h:8080", "--prompt-tokens", "10", "--shared-prefix", "11"], "--shared-prefix 11 is longer"),
     ],
 )
-def test_bad_input_returns_2_with_the_fix(argv, words, capsys):
-    assert bench.run(parse(argv)) == 2
+def test_bad_input_returns_1_with_the_fix(argv, words, capsys):
+    assert bench.run(parse(argv)) == 1
     err = capsys.readouterr().err
     assert words in err
     assert err.count("\n") == 1
@@ -342,11 +342,11 @@ def test_sweep_measures_what_the_stand_in_streams(capsys, monkeypatch):
         assert body["stream_options"] == {"include_usage": True}
 
 
-def test_failures_are_counted_and_exit_1(capsys, monkeypatch):
+def test_failures_are_counted_and_exit_2(capsys, monkeypatch):
     with EngineStandIn(first_delay=0.01, gap=0.005, fail_every=3) as engine:
         argv = [engine.url + "/v1", "--concurrency", "4", "--requests", "12", "--prompt-tokens", "8"]
         rc, report, _ = run_json([*argv, "--output-tokens", "3"], capsys, monkeypatch)
-    assert rc == 1
+    assert rc == 2  # the load ran and did not pass
     (level,) = report["levels"]
     assert (level["requests"], level["ok"], level["failed"]) == (12, 8, 4)
     assert level["output_tokens"] == 8 * 3
@@ -379,12 +379,12 @@ def test_duration_mode_runs_until_the_deadline(capsys, monkeypatch):
     assert level["duration_s"] >= 0.4
 
 
-def test_unreachable_url_exits_2_naming_it(capsys, monkeypatch):
+def test_unreachable_url_exits_1_naming_it(capsys, monkeypatch):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: nothing listens there
     rc, report, err = run_json(["http://127.0.0.1:%d" % port], capsys, monkeypatch)
-    assert rc == 2 and report is None
+    assert rc == 1 and report is None
     assert "cannot reach http://127.0.0.1:%d/v1" % port in err
     assert "check the URL" in err
 
@@ -392,7 +392,7 @@ def test_unreachable_url_exits_2_naming_it(capsys, monkeypatch):
 def test_api_key_from_env_is_used_and_never_printed(capsys, monkeypatch):
     with EngineStandIn(first_delay=0.0, gap=0.0, api_key="s3cret-key") as engine:
         rc, _, err = run_json([engine.url, "--api-key", "wrong-key"], capsys, monkeypatch)
-        assert rc == 2
+        assert rc == 1
         assert "refused the API key (HTTP 401)" in err and "--api-key" in err
         assert "wrong-key" not in err
         monkeypatch.setenv("GPUFLEET_API_KEY", "s3cret-key")
@@ -402,10 +402,10 @@ def test_api_key_from_env_is_used_and_never_printed(capsys, monkeypatch):
     assert "s3cret-key" not in out + err
 
 
-def test_unknown_model_exits_2_listing_the_served_ones(capsys, monkeypatch):
+def test_unknown_model_exits_1_listing_the_served_ones(capsys, monkeypatch):
     with EngineStandIn() as engine:
         rc, _, err = run_json([engine.url, "--model", "other"], capsys, monkeypatch)
-    assert rc == 2
+    assert rc == 1
     assert "does not serve 'other' (it lists stand-in-model)" in err
 
 
@@ -416,7 +416,7 @@ def test_text_table(capsys, monkeypatch):
         rc = bench.run(parse([*argv, "--shared-prefix", "8", "--output-tokens", "4"]))
     out = capsys.readouterr().out
     print(out)  # shown with pytest -s: the example in the report
-    assert rc == 1
+    assert rc == 2
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("conc  requests"))
     assert re.split(r"\s{2,}", header.strip()) == [
@@ -446,7 +446,7 @@ def _gpufleet_without_openai(*args: str) -> subprocess.CompletedProcess:
 
 def test_bench_without_the_client_names_the_install_command_and_fails():
     proc = _gpufleet_without_openai("bench", "http://127.0.0.1:9", "--requests", "1")
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert "gpufleet bench: the OpenAI client (the openai package) is not installed" in proc.stderr
     assert bench.BENCH_EXTRA == "pip install 'gpufleet[bench]'" and bench.BENCH_EXTRA in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -54,3 +54,26 @@ def test_gpu_capture_roundtrip(tmp_path, capsys, monkeypatch):
     from_fixture = json.loads(capsys.readouterr().out)
     assert from_capture == from_fixture
     assert from_capture["count"] == 2
+
+
+def test_gpu_show_without_a_capture_is_bad_input(tmp_path, capsys):
+    assert cli.main(["gpu", "show", str(tmp_path / "nonexistent")]) == 1
+    assert "is not a folder; give a folder written by `gpufleet gpu capture`" in capsys.readouterr().err
+    assert cli.main(["gpu", "show", str(tmp_path)]) == 1  # a folder, but no capture in it
+    err = capsys.readouterr().err
+    assert "holds none of the capture's files" in err and "query-gpu.csv" in err
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly():
+    # `gpufleet gpu show ... | head -c 0`: the reader is gone before the CLI (half a second of
+    # imports) writes its first line
+    script = "set -o pipefail; %s -m gpufleet.cli gpu show %s --json | head -c 0" % (
+        sys.executable, FIXTURES / "8x_h100_sxm_nv18_12nic_numa_off",
+    )  # fmt: skip
+    proc = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=False,
+        env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141  # 128 + SIGPIPE, as a shell tool that meets a closed pipe ends

@@ -66,7 +66,7 @@ _NOT_COPIED = {".git", ".venv", ".cache", ".ansible", ".pytest_cache", ".ruff_ca
 def _ignore(folder: str, names: list[str]) -> set[str]:
     skip = {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
     if Path(folder) == ROOT:
-        skip |= _NOT_COPIED & set(names)
+        skip |= (_NOT_COPIED & set(names)) | {n for n in names if n.startswith(".venv-py")}
     return skip
 
 
@@ -266,6 +266,57 @@ def test_installed_wheel_finds_its_collection_from_any_folder(wheel, tmp_path):
     )
     assert doc.returncode == 0, doc.stderr
     assert str(packaged / "plugins" / "modules" / "gpu_facts.py") in doc.stdout
+
+
+def test_the_wheels_collection_serves_plain_ansible_and_its_cli_passes_ansible_options(wheel, tmp_path):
+    """From the unpacked wheel, in an unrelated folder: `gpufleet deploy -u admin -b --list-hosts`
+    lists the hosts, and after `gpufleet collection install -p DIR` (or with `gpufleet collection
+    path` on the collections path) plain ansible-doc finds the roles."""
+    site = tmp_path / "site-packages"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "hosts.yml").write_text("all:\n  children:\n    gpu_hosts:\n      hosts:\n        gpu-07: {}\n")
+    env = {**_env(), "PYTHONPATH": str(site), "HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(tmp_path / "c"),
+           "ANSIBLE_NOCOLOR": "1"}  # fmt: skip
+    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
+
+    def gpufleet(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "gpufleet.cli", *args], cwd=elsewhere, capture_output=True, text=True, env=env,
+            check=False, timeout=300,
+        )  # fmt: skip
+
+    listed = gpufleet("deploy", "-i", "hosts.yml", "-u", "admin", "-b", "--list-hosts")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "gpu-07" in listed.stdout.split()
+
+    def role_doc(collections_path):
+        return subprocess.run(
+            [BIN / "ansible-doc", "-t", "role", "gpufleet.serving.engine"], cwd=elsewhere, capture_output=True,
+            text=True, env={**env, "ANSIBLE_COLLECTIONS_PATH": collections_path}, check=False,
+        )  # fmt: skip
+
+    assert "ENTRY POINT" not in role_doc(str(tmp_path / "empty")).stdout  # plain Ansible alone does not see it
+    path = gpufleet("collection", "path")
+    assert path.returncode == 0 and path.stdout.strip() == str(site / "gpufleet" / "collection")
+    doc = role_doc(path.stdout.strip())
+    assert doc.stdout.startswith("> ROLE: *gpufleet.serving.engine* (%s/" % path.stdout.strip()), doc.stderr
+    assert "ENTRY POINT: *main*" in doc.stdout
+
+    installed = gpufleet("collection", "install", "-p", str(tmp_path / "collections"))
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert (tmp_path / "collections" / "ansible_collections" / "gpufleet" / "serving" / "MANIFEST.json").is_file()
+    doc = role_doc(str(tmp_path / "collections"))
+    assert doc.stdout.startswith("> ROLE: *gpufleet.serving.engine* (%s/" % (tmp_path / "collections")), doc.stderr
+    assert "ENTRY POINT: *main*" in doc.stdout
+    plays = subprocess.run(
+        [BIN / "ansible-playbook", "gpufleet.serving.site", "-i", "hosts.yml", "--list-hosts"], cwd=elsewhere,
+        capture_output=True, text=True, env={**env, "ANSIBLE_COLLECTIONS_PATH": str(tmp_path / "collections")},
+        check=False,
+    )  # fmt: skip
+    assert plays.returncode == 0 and "gpu-07" in plays.stdout.split(), plays.stdout + plays.stderr
 
 
 # --- execution-environment.yml --------------------------------------------------------------

@@ -320,8 +320,104 @@ def test_json_output_and_rollout_batch(fake, tmp_path, capsys):
     assert data["failures"][0]["sentence"] == "gpu-a: task 'Apply the engines' failed: boom"
     assert f.kwargs["playbook"].endswith("playbooks/rollout.yml")
     assert f.kwargs["extravars"] == {"gpufleet_rollout_batch": "25%", "gpufleet_rollout_driver": True}
-    assert cli.main(["rollout", "-i", str(inv), "--batch", "0"]) == 2
+    assert cli.main(["rollout", "-i", str(inv), "--batch", "0"]) == 1  # bad input
     assert "--batch 0: give a host count" in capsys.readouterr().err
+
+
+# --- ansible-playbook's options, passed through ---------------------------------------------
+
+
+def _echoed(host):
+    # a runner event as ansible-runner 2.4 gives it for --list-hosts output: Ansible's text in "stdout"
+    return {"event": "verbose", "stdout": "    hosts (1):\r\n      %s" % host, "event_data": {}}
+
+
+def test_options_gpufleet_does_not_own_reach_ansible_playbook_unchanged(fake, tmp_path, capsys):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    key = tmp_path / "id_ed25519"
+    key.write_text("k")
+    f = fake([_echoed("gpu-a")])
+    argv = ["-u", "admin", "-b", "--private-key", str(key), "-f", "5", "-t", "engine", "--check", "-D",
+            "--start-at-task", "Install Docker", "--list-hosts"]  # fmt: skip
+    assert cli.main(["deploy", "-i", str(inv), *argv, "-l", "gpu-a"]) == 0
+    out = capsys.readouterr().out
+    assert f.kwargs["cmdline"] == " ".join(argv[:-3]) + " --start-at-task 'Install Docker' --list-hosts"
+    assert f.kwargs["limit"] == "gpu-a"  # gpufleet's own option, wherever it stands
+    assert "      gpu-a" in out.splitlines()  # a listing shows Ansible's own output, as ansible-playbook would
+    # rollout and status take them too (rollout: --check, --tags; status: -e)
+    fake([])
+    assert cli.main(["rollout", "-i", str(inv), "--check", "--tags", "engine", "--batch", "2"]) == 0
+    fake([])
+    assert cli.main(["status", "-i", str(inv), "-e", "a=1", "-u", "admin", "-b"]) == 0
+
+
+def test_v_is_ansibles_verbosity_and_shows_its_output(fake, tmp_path, capsys):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    f = fake([_echoed("gpu-a")])
+    assert cli.main(["deploy", "-i", str(inv), "-v"]) == 0
+    assert f.kwargs["cmdline"] == "-v"
+    assert "      gpu-a" in capsys.readouterr().out.splitlines()
+    f = fake([_echoed("gpu-a")])
+    assert cli.main(["deploy", "-i", str(inv), "-bvvv"]) == 0
+    assert f.kwargs["cmdline"] == "-bvvv"
+    assert "      gpu-a" in capsys.readouterr().out.splitlines()
+    f = fake([_echoed("gpu-a")])
+    assert cli.main(["deploy", "-i", str(inv)]) == 0
+    assert "cmdline" not in f.kwargs and "      gpu-a" not in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["-u"], "argument -u/--user: expected one argument"),
+        (["-f", "many"], "argument -f/--forks: invalid"),
+        (["other.yml"], "other.yml: gpufleet runs its own playbook"),
+        (["-bi", "x"], "-i inside -bi x: give -i as gpufleet's own option"),
+    ],
+)
+def test_a_bad_passed_through_option_stops_before_the_run(fake, tmp_path, capsys, argv, said):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    f = fake([])
+    assert cli.main(["deploy", "-i", str(inv), *argv]) == 1
+    assert said in capsys.readouterr().err
+    assert f.kwargs is None  # nothing ran
+
+
+def test_passwords_asked_here_answer_ansible_playbooks_own_prompts(fake, tmp_path, monkeypatch):
+    import re
+
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    asked = []
+    monkeypatch.setattr(runner.getpass, "getpass", lambda prompt: asked.append(prompt) or "pw-%d" % len(asked))
+    f = fake([])
+    assert cli.main(["deploy", "-i", str(inv), "-bK", "-J", "--vault-id", "prod@prompt"]) == 0
+    assert asked == ["BECOME password: ", "Vault password: ", "Vault password (prod): "]
+    passwords = f.kwargs["passwords"]
+    # the prompts as ansible-core 2.19 prints them (ansible/cli/__init__.py)
+    for prompt, answer in (
+        ("BECOME password: ", "pw-1"), ("Vault password: ", "pw-2"), ("Vault password (prod): ", "pw-3"),
+    ):  # fmt: skip
+        matched = [a for pattern, a in passwords.items() if re.search(pattern, prompt.rstrip())]
+        assert matched == [answer], (prompt, passwords)
+    asked.clear()
+    f = fake([])
+    assert cli.main(["deploy", "-i", str(inv), "-k", "--ask-become-pass"]) == 0
+    assert asked == ["SSH password: ", "BECOME password[defaults to SSH password]: "]
+    assert sorted(f.kwargs["passwords"].values()) == ["pw-1", "pw-2"]
+
+
+def test_commands_that_run_no_playbook_refuse_unknown_options(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["plan", "--model", "x", "--gpu-memory-gib", "24", "--become"])
+    assert exited.value.code == 1 and "unrecognized arguments: --become" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["gpu", "show"])  # argparse's own usage error is bad input too: 1
+    assert exited.value.code == 1 and "the following arguments are required: folder" in capsys.readouterr().err
 
 
 def test_live_view_redraws_in_place():
