@@ -7,10 +7,13 @@
 #   harness.sh archive NAME  image NAME as a docker-save archive in .cache/lab/images (prints the path)
 #   harness.sh model NAME    generate tiny model NAME in .cache/lab/models (prints the path)
 #   harness.sh ssh DIR NAME...  let Ansible reach lab hosts NAME... over SSH, as it reaches a real
-#                            fleet: the lab key (made once) authorized for root on each, and in DIR
+#                            fleet: the lab key (made once) authorized for root and for the login
+#                            user (login-user) on each, and in DIR
 #                            an ssh_config mapping each NAME to its address and a known_hosts with
 #                            each host's key read from the host itself, and DIR/cp for Ansible's
 #                            ControlPersist sockets (empty); prints the ssh_config path
+#   harness.sh login-user NAME...  on lab hosts NAME...: the unprivileged login user `admin` with
+#                            passwordless sudo, as a cloud image's first boot makes it (ubuntu, admin)
 #   harness.sh clean         remove lab containers, volumes and images (label io.gpufleet.lab)
 set -euo pipefail
 
@@ -111,6 +114,18 @@ model() {
   echo "$out"
 }
 
+# The lab's unprivileged login, made at first boot as cloud-init makes a cloud image's user:
+# no password, passwordless sudo. The fleet lab and the demo log in as it and escalate.
+LOGIN_USER=admin
+login_user() {
+  local name
+  for name in "$@"; do
+    docker exec "$name" sh -c "id -u $LOGIN_USER >/dev/null 2>&1 || useradd -m -s /bin/bash $LOGIN_USER
+      printf '%s ALL=(ALL) NOPASSWD:ALL\n' $LOGIN_USER > /etc/sudoers.d/90-gpufleet-lab
+      chmod 0440 /etc/sudoers.d/90-gpufleet-lab && visudo -cq"
+  done
+}
+
 ssh_access() {
   # SSH with pipelining and ControlPersist costs about a third less per task than docker exec
   # here (docs/benchmarks.md). The inventory keeps the hosts' names (the edge, the proxies'
@@ -126,7 +141,12 @@ ssh_access() {
   : > "$dir/known_hosts.tmp"
   : > "$dir/ssh_config.tmp"
   for name in "$@"; do
-    docker exec -i "$name" sh -c 'install -d -m 0700 /root/.ssh && cat > /root/.ssh/authorized_keys && chmod 0600 /root/.ssh/authorized_keys' < "$key.pub"
+    login_user "$name"
+    # the lab key logs in as root and as the unprivileged user
+    docker exec -i "$name" sh -c "key=\$(cat); for home in /root /home/$LOGIN_USER; do
+      owner=\$(stat -c %U \$home); install -d -m 0700 -o \$owner \$home/.ssh
+      printf '%s\\n' \"\$key\" > \$home/.ssh/authorized_keys
+      chown \$owner \$home/.ssh/authorized_keys; chmod 0600 \$home/.ssh/authorized_keys; done" < "$key.pub"
     for _ in $(seq 1 30); do
       hostkey=$(docker exec "$name" sh -c 'systemctl is-active --quiet ssh && cut -d" " -f1,2 /etc/ssh/ssh_host_ed25519_key.pub' 2>/dev/null) && break
       sleep 1
@@ -171,6 +191,7 @@ case "${1:-}" in
   archive) ensure_docker; archive "${2:?image name}" ;;
   model) ensure_docker; model "${2:?model name}" ;;
   ssh) ssh_access "${2:?folder}" "${@:3}" ;;
+  login-user) login_user "${@:2}" ;;
   clean) ensure_docker; clean ;;
-  *) sed -n '2,14p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,17p' "$0" >&2; exit 2 ;;
 esac
