@@ -3,6 +3,7 @@
 #   make test      everything CI runs: installs what is missing, then unit, lint, labtests, molecule;
 #                  prints each tier's duration at the end
 #   make fast      the fast tier (unit + lint), a couple of minutes
+#   make pythons   the unit tests on the other controller Pythons (PYTHONS="3.12 3.13"; in make test)
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
 #   make bench-stream  the streaming benchmark (direct vs gpufleet proxy vs stock nginx)
 #   make bench-planner the memory planner vs vllm-wizard vs published figures
@@ -21,11 +22,11 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
-.PHONY: demo demo-down test fast setup unit lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout fleet-lab lab clean-lab constraints build-collection
+.PHONY: demo demo-down test fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout fleet-lab lab clean-lab constraints build-collection
 
 # Each tier's duration is printed at the end (tests/tiers.sh), passed or not.
 test:
-	@tests/tiers.sh setup lab unit lint labtests molecule
+	@tests/tiers.sh setup lab unit lint pythons labtests molecule
 
 fast:
 	@tests/tiers.sh setup unit lint
@@ -57,6 +58,12 @@ lab:
 
 unit: $(STAMP)
 	$(BIN)/pytest -q
+
+# The unit tests on each other supported controller Python (3.11 is the main venv's), each in
+# its own venv from the same pins (tests/pythons.sh).
+PYTHONS ?= 3.12 3.13
+pythons:
+	PYTHONS="$(PYTHONS)" tests/pythons.sh
 
 # Tests that need the lab's Docker engine and images, outside Molecule (e.g. every rendered
 # vLLM command line through vLLM's own argument parser).
