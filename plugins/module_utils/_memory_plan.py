@@ -200,7 +200,32 @@ def _pins(pins):
     return dict({k: v for k, v in pins.items() if k in PLANNER_PINS}, **neutral)
 
 
-def plan_memory(
+# Every key of a plan, whatever the case (GPU or CPU, fits or not, refused before any budget):
+# a key that does not apply is None. docs/memory-plan.md says what each holds; a test checks
+# that every case has exactly these.
+PLAN_KEYS = (
+    "accelerator", "activation_bytes_per_gpu", "block_size", "cudagraph_bytes_per_gpu", "dtype",
+    "enforce_eager", "engine", "engine_args", "errors", "fits", "gpu_memory_bytes", "gpu_memory_bytes_total",
+    "gpu_memory_utilization", "gpus", "kv_bytes_per_token_per_gpu", "kv_cache_bytes_per_gpu", "kv_cache_dtype",
+    "kv_cache_tokens", "level", "max_concurrency", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+    "model", "non_torch_bytes_per_gpu", "options", "outside_bytes_per_gpu", "quantization", "reasons",
+    "shortfall_bytes_per_gpu", "target_concurrency", "tensor_parallel_size", "warnings", "weights_bytes_per_gpu",
+    "weights_host_bytes",
+)  # fmt: skip
+
+
+def plan_memory(config, gpus=1, gpu_memory_bytes=None, engine="vllm", accelerator="nvidia", **kwargs):
+    """The memory plan for one engine instance (see _plan_memory), with every key of PLAN_KEYS:
+    one shape for every case, None where a key does not apply."""
+    plan = _plan_memory(config, gpus, gpu_memory_bytes, engine, accelerator, **kwargs)
+    out = dict.fromkeys(PLAN_KEYS)
+    out.update(plan)
+    if out["accelerator"] is None:
+        out["accelerator"] = accelerator
+    return out
+
+
+def _plan_memory(
     config,
     gpus=1,
     gpu_memory_bytes=None,

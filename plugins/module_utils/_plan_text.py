@@ -130,8 +130,15 @@ def _header(plan) -> List[str]:
     lines.append("fits       %s" % ("yes" if plan["fits"] else "NO"))
     if plan.get("gpu_memory_bytes") and plan.get("weights_bytes_per_gpu") is not None:
         parts = memory_parts(plan)
+        total = plan["gpu_memory_bytes"]
+        over = sum(value for letter, _name, value in parts if letter != ".") - total
         lines.append(
-            "per GPU    %s %.2f GiB" % (memory_bar(parts, plan["gpu_memory_bytes"]), plan["gpu_memory_bytes"] / GIB)
+            "per GPU    %s %.2f GiB%s"
+            % (
+                memory_bar(parts, total),
+                total / GIB,
+                ", over by %.2f GiB ('|' is the GPU's end)" % (over / GIB) if over > 0 else "",
+            )
         )
         lines.append("           " + " | ".join("%s %s %.2f" % (c, name, value / GIB) for c, name, value in parts))
     if plan.get("engine_args"):
@@ -149,7 +156,13 @@ def memory_parts(plan) -> List[tuple]:
 
 
 def memory_bar(parts, total: int) -> str:
-    cells = "".join(
-        letter * round(BAR_WIDTH * value / float(total)) if value > 0 else "" for letter, _name, value in parts
-    )
-    return "[" + (cells + "." * BAR_WIDTH)[:BAR_WIDTH] + "]"
+    """One GPU's memory as BAR_WIDTH cells, a letter per part. When the parts need more than
+    the GPU has, the bar is drawn to their sum (nothing clipped) and '|' marks the GPU's end."""
+    used = sum(value for letter, _name, value in parts if letter != ".")
+    scale = float(max(total, used, 1))
+    cells = "".join(letter * round(BAR_WIDTH * value / scale) if value > 0 else "" for letter, _name, value in parts)
+    bar = (cells + "." * BAR_WIDTH)[:BAR_WIDTH]
+    if used > total:
+        edge = round(BAR_WIDTH * total / scale)
+        bar = bar[:edge] + "|" + bar[edge:]
+    return "[" + bar + "]"

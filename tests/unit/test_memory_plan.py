@@ -362,3 +362,48 @@ def test_awq_and_gptq_run_in_float16_unless_pinned():
     # vLLM runs a float32 checkpoint in bfloat16 on a GPU, in float32 on a CPU
     f32 = dict(dense, torch_dtype="float32")
     assert shape.weight_dtype(f32, on_gpu=True) == "bfloat16" and shape.weight_dtype(f32) == "float32"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(gpus=1, gpu_memory_bytes=24 * GIB),  # does not fit: no room for the KV cache
+        dict(gpus=2, gpu_memory_bytes=80 * GIB),  # fits
+        dict(gpus=2, gpu_memory_bytes=24 * GIB, engine="sglang"),
+        dict(accelerator="cpu", kv_space_bytes=4 * GIB),
+        dict(gpus=1, gpu_memory_bytes=24 * GIB, pins={"tensor_parallel_size": 3}),  # refused before any budget
+        dict(gpus=1, gpu_memory_bytes=24 * GIB, pins={"max_model_len": 10**7}),  # refused: above the limit
+    ],
+    ids=["no-kv-room", "fits", "sglang", "cpu", "refused-tp", "refused-len"],
+)
+def test_every_plan_has_one_shape(case):
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
+    config = shape.load_model_config((root / "llama-3.1-70b-instruct-awq.json").read_text())
+    plan = mp.plan_memory(config, **case)
+    assert sorted(plan) == sorted(mp.PLAN_KEYS)  # every key, always; None where it does not apply
+    assert plan["accelerator"] == case.get("accelerator", "nvidia")
+    assert isinstance(plan["fits"], bool) and isinstance(plan["errors"], list)
+    json.dumps(plan)  # what `gpufleet plan --json` prints
+
+
+def test_the_plan_keys_are_documented():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "memory-plan.md").read_text()
+    table = doc[doc.index("## The plan's keys") :]
+    assert [k for k in mp.PLAN_KEYS if "| `%s` |" % k not in table] == []
+
+
+def test_the_bar_shows_what_overflows_the_gpu_instead_of_clipping_it():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._plan_text import BAR_WIDTH, plan_lines
+
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
+    config = shape.load_model_config((root / "llama-3.1-70b-instruct.json").read_text())
+    plan = mp.plan_memory(config, gpus=1, gpu_memory_bytes=24 * GIB)  # 131 GiB of weights on one 24 GiB GPU
+    (line,) = [x for x in plan_lines(plan, detail=True) if x.startswith("per GPU    [")]
+    bar = line[line.index("[") + 1 : line.index("]")]
+    assert len(bar) == BAR_WIDTH + 1 and bar.count("|") == 1
+    edge = bar.index("|")
+    assert 0 < edge < BAR_WIDTH // 4  # 24 of about 130 GiB: the GPU ends early in the bar
+    assert set(bar[edge + 1 :]) - {"."} and "over by" in line  # the weights past the GPU's end are drawn
+    fits = mp.plan_memory(config, gpus=8, gpu_memory_bytes=80 * GIB)
+    (line,) = [x for x in plan_lines(fits, detail=True) if x.startswith("per GPU    [")]
+    assert "|" not in line and "over by" not in line
