@@ -67,6 +67,28 @@ class Collection:
         return {"ANSIBLE_COLLECTIONS_PATH": os.pathsep.join(paths)}
 
 
+def dependencies(coll: Collection) -> list[str]:
+    """The collections gpufleet.serving needs (galaxy.yml's dependencies)."""
+    import yaml
+
+    return sorted((yaml.safe_load((coll.root / "galaxy.yml").read_text()) or {}).get("dependencies") or {})
+
+
+def missing_dependencies(coll: Collection, collections_path: str, search: list[str] | None = None) -> list[str]:
+    """The needed collections that Ansible would not find: not under any entry of the
+    collections path, nor under sys.path (where PyPI's `ansible` package puts them; Ansible
+    scans sys.path too)."""
+    roots = [p for p in collections_path.split(os.pathsep) if p] + list(sys.path if search is None else search)
+    missing = []
+    for name in dependencies(coll):
+        namespace, collection = name.split(".", 1)
+        if not any(
+            (Path(root).expanduser() / "ansible_collections" / namespace / collection).is_dir() for root in roots
+        ):
+            missing.append(name)
+    return missing
+
+
 def _is_collection(folder: Path) -> bool:
     return (folder / "galaxy.yml").is_file() and (folder / "plugins").is_dir()
 
@@ -108,11 +130,12 @@ def ensure_importable() -> None:
         sys.path.insert(0, path)
 
 
-def install_collection(target: str | None = None, force: bool = False) -> int:
+def install_collection(target: str | None = None, force: bool = False, deps: bool = True) -> int:
     """`gpufleet collection install`: build the carried gpufleet.serving and install it with
     ansible-galaxy (into `target`, or the first entry of Ansible's collections path), so plain
-    ansible-playbook and ansible-doc find it. Dependencies are not fetched (--no-deps): they
-    come with gpufleet's Python dependencies. Returns ansible-galaxy's exit status."""
+    ansible-playbook and ansible-doc find it; with its community collections from Galaxy
+    unless deps is False (they come from pip's `gpufleet[collections]`). Returns
+    ansible-galaxy's exit status."""
     import subprocess
     import tempfile
 
@@ -131,7 +154,7 @@ def install_collection(target: str | None = None, force: bool = False) -> int:
             sys.stderr.write(built.stdout + built.stderr)
             print("gpufleet collection install: building %s failed" % coll.root, file=sys.stderr)
             return built.returncode or 1
-        argv = [command, "collection", "install", "--no-deps", str(tarballs[0])]
+        argv = [command, "collection", "install", str(tarballs[0])] + ([] if deps else ["--no-deps"])
         if target:
             argv += ["-p", str(Path(target).expanduser())]
         if force:

@@ -382,11 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
         "install",
         help="install gpufleet.serving where Ansible looks (ansible-galaxy collection install)",
         description="Build the carried collection and install it with ansible-galaxy into DIR (default: the first "
-        "entry of Ansible's collections path, ~/.ansible/collections). Its dependencies are not fetched: "
-        "they come with gpufleet's Python dependencies.",
+        "entry of Ansible's collections path, ~/.ansible/collections), with the community collections it uses "
+        "from Galaxy (--no-deps: they come from pip install 'gpufleet[collections]').",
     )
     cinstall.add_argument("-p", "--collections-path", metavar="DIR", help="install into DIR")
     cinstall.add_argument("--force", action="store_true", help="replace an installed copy of the same version")
+    cinstall.add_argument(
+        "--no-deps", action="store_true", help="do not fetch community.docker, .general, .crypto from Galaxy"
+    )
     cinstall.set_defaults(func=cmd_collection)
     return parser
 
@@ -501,7 +504,7 @@ def cmd_collection(args: argparse.Namespace) -> int:
     if args.collection_command == "path":
         print(locate_collection().collections_path)
         return 0
-    return install_collection(args.collections_path, force=args.force)
+    return install_collection(args.collections_path, force=args.force, deps=not args.no_deps)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

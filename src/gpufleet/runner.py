@@ -39,7 +39,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from gpufleet._collection import Collection, locate_collection
+from gpufleet._collection import Collection, locate_collection, missing_dependencies
 
 # What a run gets when nothing else says otherwise (a checkout's ansible.cfg or the user's
 # own ANSIBLE_* settings win; these match that ansible.cfg for an installed copy).
@@ -550,6 +550,20 @@ def execute(req: RunRequest, view: RunView, err: TextIO | None = None) -> Outcom
         shutil.rmtree(old, ignore_errors=True)
     try:
         kwargs = runner_kwargs(req, coll, private_dir, colour=view.echo and view.out.isatty())
+        # the community collections the roles use, named before any run (ansible-playbook resolves
+        # their modules even for --list-hosts)
+        missing = missing_dependencies(coll, kwargs["envvars"]["ANSIBLE_COLLECTIONS_PATH"])
+        if missing:
+            raise UsageError(
+                "the roles need %s, which Ansible does not find (collections path %s, and Python's path). Install "
+                "them: `gpufleet collection install` (from Galaxy, with gpufleet.serving), `ansible-galaxy "
+                "collection install -r %s`, or `pip install 'gpufleet[collections]'` (PyPI's ansible package)"
+                % (
+                    ", ".join(missing),
+                    kwargs["envvars"]["ANSIBLE_COLLECTIONS_PATH"],
+                    coll.root / "collections" / "requirements.yml",
+                )
+            )
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=err)
         return Outcome(rc=1, status="not started", log=None, view=view)

@@ -194,8 +194,27 @@ def test_the_bench_extra_holds_the_client_and_the_test_extra_pulls_it_in():
     extras = project["optional-dependencies"]
     assert [canonicalize_name(Requirement(r).name) for r in extras["bench"]] == ["openai"]
     pulled = [Requirement(r) for r in extras["test"] if canonicalize_name(Requirement(r).name) == "gpufleet"]
-    assert [r.extras for r in pulled] == [{"bench"}]
+    assert [r.extras for r in pulled] == [{"lab"}]
+    assert [Requirement(r).extras for r in extras["lab"]] == [{"bench", "collections"}]
     assert "openai" in _constraints()  # what CI installs (make setup: .[test])
+
+
+def test_the_community_collections_are_an_extra_not_a_dependency():
+    """ansible-core only; the 48-namespace `ansible` package is the `collections` extra, and the
+    collections the roles use are exactly the ones galaxy.yml and requirements.yml name."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    assert "ansible" not in names and "ansible-core" in names
+    assert [canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"]["collections"]] == [
+        "ansible"
+    ]
+    used = set()
+    for folder in ("roles", "playbooks"):
+        for path in (ROOT / folder).rglob("*.y*ml"):
+            used |= set(re.findall(r"\b(community\.[a-z_]+|ansible\.posix)\.[a-z_]+", path.read_text()))
+    declared = set(_load(ROOT / "galaxy.yml")["dependencies"])
+    required = {c["name"] for c in _load(ROOT / "collections" / "requirements.yml")["collections"]}
+    assert used == declared == required
 
 
 def test_wheel_collection_is_the_galaxy_tarball(wheel_names, tarball):
@@ -305,7 +324,8 @@ def test_the_wheels_collection_serves_plain_ansible_and_its_cli_passes_ansible_o
     assert doc.stdout.startswith("> ROLE: *gpufleet.serving.engine* (%s/" % path.stdout.strip()), doc.stderr
     assert "ENTRY POINT: *main*" in doc.stdout
 
-    installed = gpufleet("collection", "install", "-p", str(tmp_path / "collections"))
+    # the community collections come from this venv's `ansible` package here (no Galaxy in CI)
+    installed = gpufleet("collection", "install", "--no-deps", "-p", str(tmp_path / "collections"))
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert (tmp_path / "collections" / "ansible_collections" / "gpufleet" / "serving" / "MANIFEST.json").is_file()
     doc = role_doc(str(tmp_path / "collections"))

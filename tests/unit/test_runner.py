@@ -575,3 +575,24 @@ def test_a_hosts_collected_preflight_problems_are_one_sentence():
         "gpu-a failed the preflight (before any change in this run): unknown key 'contxt_length' "
         "proxy_rate_limit='20/s' must be like 20r/s"
     )
+
+
+def test_a_run_without_the_community_collections_says_how_to_install_them(fake, tmp_path, monkeypatch, capsys):
+    from gpufleet import _collection
+
+    coll = locate_collection()
+    assert _collection.dependencies(coll) == ["community.crypto", "community.docker", "community.general"]
+    found = tmp_path / "cols"
+    (found / "ansible_collections" / "community" / "docker").mkdir(parents=True)
+    assert _collection.missing_dependencies(coll, str(found), search=[]) == ["community.crypto", "community.general"]
+    assert _collection.missing_dependencies(coll, "", search=[str(found)]) == ["community.crypto", "community.general"]
+    assert _collection.missing_dependencies(coll, "") == []  # this venv has them (the test extra)
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    monkeypatch.setattr(runner, "missing_dependencies", lambda *a: ["community.docker"])
+    f = fake([])
+    assert cli.main(["deploy", "-i", str(inv)]) == 1
+    err = capsys.readouterr().err
+    assert "the roles need community.docker, which Ansible does not find" in err
+    assert "gpufleet collection install" in err and "pip install 'gpufleet[collections]'" in err
+    assert f.kwargs is None  # nothing ran
