@@ -261,26 +261,24 @@ def toolkit_errors(toolkit, driver_version, where="cuda_toolkit_version"):
     return []
 
 
-def debian_source_blocks(text):
-    """[(uris, suites)] of the host's Debian archive entries (deb822 or one-line), in order,
-    so the non-free components can be added on the same mirrors."""
+def debian_source_blocks(entries):
+    """[{uris, suites}] from a host's Debian package entries as apt read them
+    ([{uri, suite}] from roles/nvidia_driver/files/debian-package-mirrors): each mirror with
+    its suites, mirrors with the same suites together, in order, so the non-free components
+    can be added on the same mirrors."""
+    suites_of = {}
+    for entry in entries or []:
+        suites = suites_of.setdefault(entry["uri"], [])
+        if entry["suite"] not in suites:
+            suites.append(entry["suite"])
     blocks = []
-    for block in re.split(r"\n\s*\n", text or ""):
-        uris = re.search(r"^URIs:\s*(.+)$", block, re.M)
-        suites = re.search(r"^Suites:\s*(.+)$", block, re.M)
-        if uris and suites and re.search(r"^Types:.*\bdeb\b", block, re.M):
-            blocks.append((uris.group(1).split(), suites.group(1).split()))
-    for line in (text or "").splitlines():
-        parts = [p for p in line.split() if not p.startswith("[")]
-        if len(parts) >= 3 and parts[0] == "deb":
-            blocks.append(([parts[1]], [parts[2]]))
-    seen, unique = set(), []
-    for uris, suites in blocks:
-        key = (tuple(uris), tuple(suites))
-        if key not in seen:
-            seen.add(key)
-            unique.append({"uris": uris, "suites": suites})
-    return unique
+    for uri, suites in suites_of.items():
+        same = [b for b in blocks if b["suites"] == suites]
+        if same:
+            same[0]["uris"].append(uri)
+        else:
+            blocks.append({"uris": [uri], "suites": suites})
+    return blocks
 
 
 # ---------------------------------------------------------------- reboot decision

@@ -10,6 +10,7 @@ Data sources (each also cited beside its table in module_utils/_nvidia_stack.py)
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -203,17 +204,64 @@ Suites: bookworm-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 """
+# What debian-package-mirrors prints for DEBIAN_SOURCES (apt's order).
+DEBIAN_ENTRIES = [
+    {"uri": "http://mirror.example/debian", "suite": "bookworm"},
+    {"uri": "http://mirror.example/debian", "suite": "bookworm-updates"},
+    {"uri": "http://mirror.example/debian-security", "suite": "bookworm-security"},
+]
+MIRRORS = ROOT / "roles" / "nvidia_driver" / "files" / "debian-package-mirrors"
 
 
 def test_debian_source_blocks_keep_the_hosts_mirrors():
-    blocks = stack.debian_source_blocks(DEBIAN_SOURCES)
-    assert blocks == [
+    assert stack.debian_source_blocks(DEBIAN_ENTRIES) == [
         {"uris": ["http://mirror.example/debian"], "suites": ["bookworm", "bookworm-updates"]},
         {"uris": ["http://mirror.example/debian-security"], "suites": ["bookworm-security"]},
     ]
-    assert stack.debian_source_blocks("deb [arch=amd64] http://m/debian bookworm main\n")[0]["uris"] == [
-        "http://m/debian"
+    two = DEBIAN_ENTRIES[:2] + [{"uri": "http://m2/debian", "suite": s} for s in ("bookworm", "bookworm-updates")]
+    assert stack.debian_source_blocks(two) == [
+        {"uris": ["http://mirror.example/debian", "http://m2/debian"], "suites": ["bookworm", "bookworm-updates"]}
     ]
+    assert stack.debian_source_blocks([]) == []
+
+
+def _mirrors(*files):
+    proc = subprocess.run(
+        ["/usr/bin/python3", str(MIRRORS), *map(str, files)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.skipif(
+    subprocess.run(["/usr/bin/python3", "-c", "import apt_pkg"], capture_output=True, check=False).returncode != 0,
+    reason="libapt's parser needs python3-apt (Debian/Ubuntu)",
+)
+def test_apt_itself_reads_the_hosts_sources(tmp_path):
+    """The cases a hand-written parser got wrong: options in brackets, a folded second URI,
+    `Enabled: no`, a deb-src line."""
+    one_line = tmp_path / "sources.list"
+    one_line.write_text(
+        "# a comment\n"
+        "deb [arch=amd64 signed-by=/usr/share/keyrings/debian.gpg] http://deb.debian.org/debian bookworm main\n"
+        "deb-src http://src.example/debian bookworm main\n"
+    )
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text(
+        "Types: deb\nURIs: http://m1.example/debian\n  http://m2.example/debian\nSuites: bookworm bookworm-updates\n"
+        "Components: main\n\n"
+        "Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\nComponents: main\nEnabled: no\n"
+    )
+    assert _mirrors(deb822, one_line, tmp_path / "missing.sources") == [
+        {"uri": "http://m1.example/debian", "suite": "bookworm"},
+        {"uri": "http://m1.example/debian", "suite": "bookworm-updates"},
+        {"uri": "http://m2.example/debian", "suite": "bookworm"},
+        {"uri": "http://m2.example/debian", "suite": "bookworm-updates"},
+        {"uri": "http://deb.debian.org/debian", "suite": "bookworm"},
+    ]
+    sources = tmp_path / "plain.sources"
+    sources.write_text(DEBIAN_SOURCES)
+    assert _mirrors(sources) == DEBIAN_ENTRIES
 
 
 def _render(role, template, **variables):
@@ -229,7 +277,7 @@ def _render(role, template, **variables):
          {"__nvidia_driver_cuda_repo": "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64"},
          "compute/cuda/repos/debian12/x86_64/Packages"),
         ("nvidia_driver", "debian-nonfree.sources.j2",
-         {"__blocks": stack.debian_source_blocks(DEBIAN_SOURCES), "nvidia_driver_debian_mirror": "",
+         {"__blocks": stack.debian_source_blocks(DEBIAN_ENTRIES), "nvidia_driver_debian_mirror": "",
           "ansible_facts": {"distribution_release": "bookworm"}},
          "mirror.example/debian/dists/bookworm/non-free-firmware/binary-"),
         ("common", "local.sources.j2",
