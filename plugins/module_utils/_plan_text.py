@@ -161,8 +161,8 @@ def memory_bar(parts, total: int) -> str:
     used = sum(value for letter, _name, value in parts if letter != ".")
     scale = float(max(total, used, 1))
     cells = "".join(letter * round(BAR_WIDTH * value / scale) if value > 0 else "" for letter, _name, value in parts)
-    bar = (cells + "." * BAR_WIDTH)[:BAR_WIDTH]
+    row = (cells + "." * BAR_WIDTH)[:BAR_WIDTH]
     if used > total:
         edge = round(BAR_WIDTH * total / scale)
-        bar = bar[:edge] + "|" + bar[edge:]
-    return "[" + bar + "]"
+        row = row[:edge] + "|" + row[edge:]
+    return "[" + row + "]"

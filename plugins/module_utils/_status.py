@@ -9,26 +9,32 @@ each serves, and its load from /metrics (metric names: _engine_options.ENGINE_IN
 from __future__ import annotations
 
 import json
-import re
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import metric_names
 
-SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNInf]+)")
+try:  # a gpufleet dependency on the controller, where the filters that use this run
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:  # pragma: no cover - named when used
+    text_string_to_metric_families = None
 # What the report says about each instance, from deployed.json.
 DEPLOYED_FIELDS = ("engine", "image", "model", "port", "tensor_parallel_size", "gpus", "max_model_len")
 
 
 def _samples(text):
+    """{sample name: [values]} of a Prometheus text page, read by prometheus_client's parser.
+    A page that stops being valid part-way keeps the families read before that point."""
+    if text_string_to_metric_families is None:
+        raise ImportError(
+            "reading engine metrics needs prometheus_client on the controller (a gpufleet dependency: "
+            "pip install prometheus-client)"
+        )
     samples = {}
-    for line in (text or "").splitlines():
-        if line.startswith("#"):
-            continue
-        match = SAMPLE.match(line)
-        if match:
-            try:
-                samples.setdefault(match.group(1), []).append(float(match.group(3)))
-            except ValueError:
-                continue
+    try:
+        for family in text_string_to_metric_families(text or ""):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append(float(sample.value))
+    except ValueError:
+        pass  # not (or no longer) the text format: what was read stands
     return samples
 
 

@@ -40,6 +40,18 @@ def test_metrics_of_a_busy_and_an_idle_vllm():
     assert parse_metrics(sglang, "sglang") == {"running": 3, "waiting": 1, "kv_cache_usage": 0.5}
 
 
+def test_metrics_are_read_by_prometheus_own_parser():
+    # label values may hold any character: '}' and ',' in a served model's name, an escaped quote
+    page = (
+        'vllm:num_requests_running{engine="0",model_name="team}a,\\"b\\""} 3\n'
+        'vllm:num_requests_waiting{engine="0",model_name="team}a,\\"b\\""} 2\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="x"} 0.25\n'
+    )
+    assert parse_metrics(page) == {"running": 3, "waiting": 2, "kv_cache_usage": 0.25}
+    # a page cut short keeps what came before the break
+    assert parse_metrics(page.splitlines()[0] + "\nvllm:num_requests_wai")["running"] == 3
+
+
 def test_instance_as_deployed_from_its_record():
     got = read_deployed(_deployed(max_model_len=16384))
     assert got["model"] == "qwen" and got["port"] == 8001 and got["tensor_parallel_size"] == 2
