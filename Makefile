@@ -77,6 +77,7 @@ lint: $(STAMP)
 	$(BIN)/python tools/roledocs.py --check
 	$(BIN)/ansible-lint --profile production
 	BIN=$(BIN) tests/sanity/run.sh
+	$(BIN)/antsibull-changelog lint
 
 molecule: $(STAMP) lab
 	@if [ -n "$(SCENARIO)" ]; then \

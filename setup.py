@@ -23,7 +23,7 @@ PACKAGED = ("gpufleet", "collection", "ansible_collections", "gpufleet", "servin
 # otherwise the same files as `ansible-galaxy collection build` puts in the tarball
 # (tests/unit/test_packaging.py compares the two).
 REQUIRED = ("galaxy.yml", "README.md", "LICENSE", "site.yml", "meta", "plugins", "roles", "playbooks", "inventories")
-OPTIONAL = ("changelogs", "collections/requirements.yml", "docs")
+OPTIONAL = ("CHANGELOG.rst", "changelogs", "collections/requirements.yml", "docs")
 SKIP_DIRS = {"__pycache__"}
 SKIP_SUFFIXES = (".pyc", ".pyo", ".retry")
 
