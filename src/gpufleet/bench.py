@@ -44,6 +44,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 import time
 from collections import Counter
@@ -107,22 +108,17 @@ def require_openai() -> None:
 # Percentiles
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0 <= q <= 100) of values, interpolating linearly between closest ranks.
-
-    On the sorted values x[0..n-1], the rank is h = (n - 1) * q / 100 and the result is
-    x[floor(h)] + (h - floor(h)) * (x[floor(h) + 1] - x[floor(h)]). This is numpy's default ('linear') and
-    what statistics.quantiles(values, n=100, method='inclusive') gives for q = 1..99.
-    """
+def percentile(values: Sequence[float], q: int) -> float:
+    """The q-th percentile (q a whole number, 0 <= q <= 100) of values, interpolating linearly
+    between closest ranks: the standard library's statistics.quantiles(values, n=100,
+    method='inclusive') (numpy's default, 'linear'); 0 and 100 are the smallest and largest."""
     if not values:
         raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError("percentile %r is outside 0..100" % q)
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (rank - low) * (ordered[high] - ordered[low])
+    if q != int(q) or not 0 <= q <= 100:
+        raise ValueError("percentile %r is not a whole number from 0 to 100" % q)
+    if q == 0 or q == 100 or len(values) == 1:
+        return float(min(values) if q == 0 else max(values) if q == 100 else values[0])
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
 @dataclass(frozen=True)
