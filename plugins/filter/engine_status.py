@@ -18,17 +18,19 @@ def _text(result):
     return base64.b64decode(content).decode("utf-8", "replace") if content else None
 
 
-def engine_status(folders, deployed=None, units=None, metrics=None, gpu=None, nccl_env=None):
+def engine_status(folders, deployed=None, units=None, metrics=None, gpu=None, nccl_env=None, pending=None):
     instances = []
     for i, folder in enumerate(folders or []):
         unit = (units or [])[i] if i < len(units or []) else {}
         page = (metrics or [])[i] if i < len(metrics or []) else {}
+        mark = (pending or [])[i] if i < len(pending or []) else {}
         instances.append(
             {
                 "name": posixpath.basename(folder.get("path", "").rstrip("/")),
                 "deployed": _text((deployed or [])[i] if i < len(deployed or []) else None),
                 "active": ((unit or {}).get("status") or {}).get("ActiveState"),
                 "metrics": (page or {}).get("content") if (page or {}).get("status") == 200 else None,
+                "pending": bool(((mark or {}).get("stat") or {}).get("exists")),
             }
         )
     return host_status(instances, gpu=gpu, nccl_env=nccl_env)

@@ -89,8 +89,8 @@ def _unknown():
 
 def host_status(instances, gpu=None, nccl_env=None):
     """One host's report. instances: [{name, deployed (deployed.json text or None), active
-    (unit state), metrics (text or None)}]; gpu: gpu_facts' gpufleet_gpu; nccl_env: the text
-    of the NCCL env file."""
+    (unit state), metrics (text or None), pending (its restart-pending mark exists)}]; gpu:
+    gpu_facts' gpufleet_gpu; nccl_env: the text of the NCCL env file."""
     gpu = gpu or {}
     p2p = gpu.get("p2p") or {}
     env = {}
@@ -122,6 +122,8 @@ def host_status(instances, gpu=None, nccl_env=None):
         active = inst.get("active") or "unknown"
         serving = active == "active" and inst.get("metrics") is not None
         entry = dict(deployed, name=inst.get("name"), unit=active, serving=serving)
+        # deployed.json lands before the restart: until the mark goes, it is not what runs
+        entry["restart_pending"] = bool(inst.get("pending"))
         entry.update({k: load.get(k) for k in ("running", "waiting", "kv_cache_usage")})
         report["engines"].append(entry)
     return report

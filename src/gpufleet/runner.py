@@ -723,6 +723,8 @@ def status_rows(reports: dict[str, Any]) -> list[list[str]]:
             state = "serving" if e.get("serving") else "NOT SERVING (unit %s)" % e.get("unit")
             if e.get("recorded") is False:
                 state = "unknown (unit %s; no deployed.json: run site.yml)" % e.get("unit")
+            elif e.get("restart_pending"):
+                state = "RESTART PENDING (unit %s; these settings are not running yet: run site.yml)" % e.get("unit")
             rows.append(
                 [
                     *head,
@@ -741,7 +743,8 @@ def status_rows(reports: dict[str, Any]) -> list[list[str]]:
 
 def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """gpufleet status: the read-only status.yml, printed as a table (or JSON). Exit 0 when every
-    instance serves, 2 when one does not, the run's rc when a host could not be read, 1 on bad input."""
+    instance serves as deployed, 2 when one does not serve or still waits for its restart, the run's rc when a
+    host could not be read, 1 on bad input."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
         echo = req.shows_output() and not req.json
@@ -759,6 +762,12 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
         for e in r.get("engines") or []
         if not e.get("serving")
     ]
+    pending = [
+        "%s/%s" % (host, e.get("name"))
+        for host, r in view.reports.items()
+        for e in r.get("engines") or []
+        if e.get("restart_pending")
+    ]
     if req.json:
         print(json.dumps({"hosts": view.reports, "rc": rc, "log": str(log)}, indent=2, sort_keys=True), file=out)
     else:
@@ -771,5 +780,12 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
         return rc
     if down:
         print("gpufleet: not serving: %s" % ", ".join(down), file=err)
+    if pending:
+        print(
+            "gpufleet: restart pending (the settings shown are written, not running): %s; run site.yml or the "
+            "rollout to restart them" % ", ".join(pending),
+            file=err,
+        )
+    if down or pending:
         return 2
     return 0

@@ -407,3 +407,20 @@ def test_the_bar_shows_what_overflows_the_gpu_instead_of_clipping_it():
     fits = mp.plan_memory(config, gpus=8, gpu_memory_bytes=80 * GIB)
     (line,) = [x for x in plan_lines(fits, detail=True) if x.startswith("per GPU    [")]
     assert "|" not in line and "over by" not in line
+
+
+def test_when_nothing_fits_the_plan_is_the_layout_closest_to_fitting():
+    # DeepSeek-V3 on 8 x 24 GiB: no TP fits; the plan reports TP=8 (short by the least per GPU),
+    # not TP=1's shortfall as "the size of 8 GPUs"
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
+    config = shape.load_model_config((root / "deepseek-v3.json").read_text())
+    plan = mp.plan_memory(config, gpus=8, gpu_memory_bytes=24 * GIB)
+    assert not plan["fits"] and plan["tensor_parallel_size"] == 8
+    short = {
+        tp: mp.plan_memory(config, gpus=8, gpu_memory_bytes=24 * GIB, pins={"tensor_parallel_size": tp})[
+            "shortfall_bytes_per_gpu"
+        ]
+        for tp in (1, 2, 4, 8)
+    }
+    assert plan["shortfall_bytes_per_gpu"] == min(short.values()) == short[8] < short[1]
+    assert plan["errors"][0].startswith("TP=8: ")

@@ -83,3 +83,35 @@ def test_bad_settings_are_named(over, engines, words):
 
 def test_filter_is_the_planner():
     assert proxy_plan(params(), ENGINES) == plan_proxy(params(), ENGINES)
+
+
+def test_keys_differing_only_in_case_are_two_keys_each_matched_exactly():
+    """Two keys that differ only in case: the plan takes both, the map nginx reads holds one
+    case-sensitive regular expression per key (an nginx `map` without `~` compares without
+    case, so they were one key and `nginx -t` refused the duplicate), and each Authorization
+    header matches its own key's line only. The scheme word matches in any case."""
+    import re
+    from pathlib import Path
+
+    import jinja2
+    from ansible.plugins.filter.core import regex_escape
+
+    upper, lower = "lab-Case-Key-0123456789abcdef0123456", "lab-case-key-0123456789abcdef0123456"
+    keys = [{"name": "upper", "key": upper}, {"name": "lower", "key": lower}]
+    assert plan_proxy(params(api_keys=keys), ENGINES)["errors"] == []
+    folder = Path(__file__).resolve().parents[2] / "roles" / "proxy" / "templates"
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)))
+    env.filters.update(regex_escape=regex_escape, comment=lambda text: "# " + text)
+    rendered = env.get_template("client-keys.map.j2").render(proxy_api_keys=keys, ansible_managed="managed")
+    lines = [line for line in rendered.splitlines() if line.startswith('"~')]
+    assert len(lines) == 2 and lines[0] != lines[1]
+    patterns = {
+        name[1:-1]: re.compile(regex[2:-1]) for regex, name in (line.rstrip(";").rsplit(" ", 1) for line in lines)
+    }
+
+    def matches(header):
+        return [name for name, pattern in patterns.items() if pattern.search(header)]
+
+    assert matches("Bearer " + upper) == ["upper"]
+    assert matches("bearer  " + lower) == ["lower"]  # the scheme word in any case, one or more spaces
+    assert matches("Bearer " + upper.upper()) == [] and matches("Bearer " + upper + "x") == []

@@ -596,3 +596,21 @@ def test_a_run_without_the_community_collections_says_how_to_install_them(fake, 
     assert "the roles need community.docker, which Ansible does not find" in err
     assert "gpufleet collection install" in err and "pip install 'gpufleet[collections]'" in err
     assert f.kwargs is None  # nothing ran
+
+
+def test_status_exits_2_while_a_restart_is_pending(fake, tmp_path, capsys):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    engine = {"name": "chat", "engine": "vllm", "port": 8001, "serving": True, "unit": "active", "recorded": True}
+    report = {"driver_version": "580.95.05", "nccl": "-", "engines": [dict(engine, restart_pending=True)]}
+    event = {
+        "event": "runner_on_ok",
+        "event_data": {"host": "gpu-a", "res": {"ansible_facts": {"gpufleet_status": report}}},
+    }
+    fake([event])
+    assert cli.main(["status", "-i", str(inv)]) == 2
+    captured = capsys.readouterr()
+    assert "RESTART PENDING" in captured.out and "restart pending (the settings shown are written" in captured.err
+    report["engines"] = [dict(engine, restart_pending=False)]
+    fake([event])
+    assert cli.main(["status", "-i", str(inv)]) == 0

@@ -124,3 +124,25 @@ def test_filter_joins_folders_units_and_metrics_and_the_table_flags_what_does_no
     assert rows[1][3:8] == ["chat vllm:8001", "serving", "qwen", "2", "0,1"] and rows[1][9:] == ["2", "0"]
     assert rows[2][4] == "NOT SERVING (unit failed)"
     assert rows[3][0] == "gpu-02" and rows[3][4] == "no engine"
+
+
+def test_an_instance_whose_restart_is_pending_is_not_reported_as_running_its_new_settings():
+    # configure.yml wrote deployed.json and the restart-pending mark; the restart failed (or the
+    # controller died) before the instance restarted: the old container still serves
+    report = engine_status(
+        [{"path": "/etc/gpufleet/engines/chat"}],
+        deployed=[{"content": _b64(_deployed(max_model_len=16384))}],
+        units=[{"status": {"ActiveState": "active"}}],
+        metrics=[{"status": 200, "content": IDLE}],
+        pending=[{"stat": {"exists": True}}],
+    )
+    (chat,) = report["engines"]
+    assert chat["serving"] and chat["restart_pending"] is True
+    row = status_rows({"gpu-01": report})[1]
+    assert row[4].startswith("RESTART PENDING (unit active; these settings are not running yet")
+    done = engine_status(
+        [{"path": "/etc/gpufleet/engines/chat"}], deployed=[{"content": _b64(_deployed())}],
+        units=[{"status": {"ActiveState": "active"}}], metrics=[{"status": 200, "content": IDLE}],
+        pending=[{"stat": {"exists": False}}],
+    )  # fmt: skip
+    assert done["engines"][0]["restart_pending"] is False and status_rows({"h": done})[1][4] == "serving"
