@@ -459,43 +459,47 @@ def _request(args: argparse.Namespace, playbook: str):
     return req
 
 
+def _bad_input_is_1(command):
+    """A command that runs a playbook: bad input (runner.UsageError) is said and exits 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        from gpufleet.runner import UsageError
+
+        try:
+            return command(args)
+        except UsageError as exc:
+            print("gpufleet: %s" % exc, file=sys.stderr)
+            return 1
+
+    return run
+
+
+@_bad_input_is_1
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from gpufleet.runner import UsageError, run_playbook
+    from gpufleet.runner import run_playbook
 
-    try:
-        return run_playbook(_request(args, "site"))
-    except UsageError as exc:
-        print("gpufleet: %s" % exc, file=sys.stderr)
-        return 1
+    return run_playbook(_request(args, "site"))
 
 
+@_bad_input_is_1
 def cmd_rollout(args: argparse.Namespace) -> int:
     from gpufleet.runner import UsageError, run_playbook
 
-    try:
-        req = _request(args, "rollout")
-        if args.batch is not None:
-            if not re.fullmatch(r"[1-9][0-9]*%?", args.batch) or (
-                args.batch.endswith("%") and int(args.batch[:-1]) > 100
-            ):
-                raise UsageError("--batch %s: give a host count like 2 or a percentage like 25%%" % args.batch)
-            req.extravars["gpufleet_rollout_batch"] = args.batch if args.batch.endswith("%") else int(args.batch)
-        if args.driver:
-            req.extravars["gpufleet_rollout_driver"] = True
-        return run_playbook(req)
-    except UsageError as exc:
-        print("gpufleet: %s" % exc, file=sys.stderr)
-        return 1
+    req = _request(args, "rollout")
+    if args.batch is not None:
+        if not re.fullmatch(r"[1-9][0-9]*%?", args.batch) or (args.batch.endswith("%") and int(args.batch[:-1]) > 100):
+            raise UsageError("--batch %s: give a host count like 2 or a percentage like 25%%" % args.batch)
+        req.extravars["gpufleet_rollout_batch"] = args.batch if args.batch.endswith("%") else int(args.batch)
+    if args.driver:
+        req.extravars["gpufleet_rollout_driver"] = True
+    return run_playbook(req)
 
 
+@_bad_input_is_1
 def cmd_status(args: argparse.Namespace) -> int:
-    from gpufleet.runner import UsageError, run_status
+    from gpufleet.runner import run_status
 
-    try:
-        return run_status(_request(args, "status"))
-    except UsageError as exc:
-        print("gpufleet: %s" % exc, file=sys.stderr)
-        return 1
+    return run_status(_request(args, "status"))
 
 
 def cmd_collection(args: argparse.Namespace) -> int:
