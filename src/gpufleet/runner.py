@@ -569,7 +569,11 @@ def execute(req: RunRequest, view: RunView, err: TextIO | None = None) -> Outcom
         return Outcome(rc=1, status="not started", log=None, view=view)
     options = req.options()
     options.ask_vault_pass = options.ask_vault_pass or req.ask_vault_pass
-    answers = prompt_answers(options)
+    try:
+        answers = prompt_answers(options)
+    except (EOFError, KeyboardInterrupt):
+        print("\ngpufleet: no password given; nothing ran", file=err)
+        return Outcome(rc=1, status="not started", log=None, view=view)
     if answers:
         kwargs["passwords"] = answers
     cancel = Cancel()

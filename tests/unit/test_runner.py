@@ -411,6 +411,19 @@ def test_passwords_asked_here_answer_ansible_playbooks_own_prompts(fake, tmp_pat
     assert sorted(f.kwargs["passwords"].values()) == ["pw-1", "pw-2"]
 
 
+def test_no_password_at_the_prompt_runs_nothing(fake, tmp_path, monkeypatch, capsys):
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+
+    def closed(prompt):
+        raise EOFError  # Ctrl-D, or no terminal and nothing on stdin
+
+    monkeypatch.setattr(runner.getpass, "getpass", closed)
+    f = fake([])
+    assert cli.main(["deploy", "-i", str(inv), "-K"]) == 1
+    assert "no password given; nothing ran" in capsys.readouterr().err and f.kwargs is None
+
+
 def test_commands_that_run_no_playbook_refuse_unknown_options(capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["plan", "--model", "x", "--gpu-memory-gib", "24", "--become"])
