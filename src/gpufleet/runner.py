@@ -458,9 +458,13 @@ class RunRequest:
     ansible_args: list[str] = field(default_factory=list)
     # show Ansible's own output (None: with -v, or when an option lists instead of running)
     echo: bool | None = None
+    _options: argparse.Namespace | None = field(default=None, init=False, repr=False, compare=False)
 
     def options(self) -> argparse.Namespace:
-        return ansible_options(self.ansible_args)
+        """ansible_args as ansible-playbook's parser reads them (read once per request)."""
+        if self._options is None:
+            self._options = ansible_options(self.ansible_args)
+        return self._options
 
     def shows_output(self) -> bool:
         if self.echo is not None:
@@ -567,7 +571,7 @@ def execute(req: RunRequest, view: RunView, err: TextIO | None = None) -> Outcom
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=err)
         return Outcome(rc=1, status="not started", log=None, view=view)
-    options = req.options()
+    options = argparse.Namespace(**vars(req.options()))  # a copy: the request keeps what was given
     options.ask_vault_pass = options.ask_vault_pass or req.ask_vault_pass
     try:
         answers = prompt_answers(options)
