@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -24,3 +28,53 @@ def read_fixture(machine: str, name: str) -> str | None:
 @pytest.fixture
 def fixture_text():
     return read_fixture
+
+
+# The lab's DCGM exporter HARDWARE STAND-IN (tests/lab/dcgm-exporter-standin), started on a free port.
+DCGM_STANDIN = ROOT / "tests" / "lab" / "dcgm-exporter-standin"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def fetch(port, path="/metrics"):
+    with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=5) as response:
+        return response.read().decode()
+
+
+@pytest.fixture
+def standin(tmp_path):
+    started = []
+
+    def start(fixture, *extra):
+        port = free_port()
+        fault_file = tmp_path / "dcgm-fault"
+        cmd = [
+            sys.executable,
+            str(DCGM_STANDIN),
+            "--address",
+            "127.0.0.1:%d" % port,
+            "--fixture",
+            str(fixture),
+        ]
+        cmd += ["--fault-file", str(fault_file), "-c", "1000", "-f", "/etc/dcgm-exporter/default-counters.csv", *extra]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        started.append(proc)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                fetch(port)
+                return proc, port, fault_file
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read()
+                assert time.monotonic() < deadline, "stand-in did not answer"
+                time.sleep(0.05)
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

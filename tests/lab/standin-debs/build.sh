@@ -64,4 +64,27 @@ for v in 1.17.7-1 1.17.8-1; do
   deb nvidia-container-toolkit-base "$v" "" /etc/nvidia-container-runtime/config.toml "$config"
   deb nvidia-container-toolkit "$v" "nvidia-container-toolkit-base (= $v), libnvidia-container-tools (= $v)"
 done
+
+# NVIDIA's dcgm-exporter package (datacenter-gpu-manager-exporter; its Debian version is the
+# exporter's own, 4.8.2 in NVIDIA/dcgm-exporter 4.5.3-4.8.2) as a HARDWARE STAND-IN: /usr/bin/dcgm-exporter
+# is tests/lab/dcgm-exporter-standin serving a real capture (8 GPUs; --gpus N keeps fewer). No systemd
+# unit: the exporters role writes its own. Built here, not with deb(): it carries three files.
+lab=$(cd "$(dirname "$0")/.." && pwd)
+name=datacenter-gpu-manager-exporter version=4.8.2-1
+dir="$work/${name}_$version"
+mkdir -p "$dir/DEBIAN" "$dir/usr/bin" "$dir/usr/share/gpufleet-standin/dcgm-exporter" "$dir/usr/share/doc/$name"
+cat > "$dir/DEBIAN/control" <<EOF
+Package: $name
+Version: $version
+Architecture: all
+Maintainer: gpufleet lab <lab@gpufleet.invalid>
+Depends: python3
+Description: gpufleet lab HARDWARE STAND-IN for NVIDIA dcgm-exporter $version
+ Serves a captured dcgm-exporter /metrics text on :9400 and injects faults read from
+ /etc/gpufleet-standin/dcgm-fault; it reads no GPU. Built by tests/lab/standin-debs/build.sh.
+EOF
+install -m 0755 "$lab/dcgm-exporter-standin" "$dir/usr/bin/dcgm-exporter"
+install -m 0644 "$lab/../fixtures/dcgm/8x_a800_sxm4_80gb_mig.txt" "$dir/usr/share/gpufleet-standin/dcgm-exporter/metrics.txt"
+echo "gpufleet lab HARDWARE STAND-IN: $name $version (not NVIDIA software): /usr/bin/dcgm-exporter serves the capture in /usr/share/gpufleet-standin/dcgm-exporter/metrics.txt (source in its header) and reads faults from /etc/gpufleet-standin/dcgm-fault (usage: dcgm-exporter --help)" > "$dir/usr/share/doc/$name/STAND-IN"
+dpkg-deb --root-owner-group --build "$dir" "$out/${name}_${version}_all.deb" >/dev/null
 ls "$out"
