@@ -167,7 +167,7 @@ REMOVED = {
 INSTANCE_KEYS = (
     "name", "engine", "accelerator", "image", "model", "served_model_name", "port", "bind", "gpus", "cpus",
     "api_key", "ipc", "shm_size", "kv_cache_space_gib", "extra_args", "env", "secret_env", "readiness_timeout",
-    "drain_timeout", "options", "surge_port",
+    "drain_timeout", "options", "surge_port", "watch_gpus",
 )  # fmt: skip
 
 

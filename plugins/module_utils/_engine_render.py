@@ -265,6 +265,8 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "drain_timeout": drain,
         # systemd's TimeoutStopSec for the unit (a drop-in per instance): above docker's stop timeout
         "stop_timeout": drain + DRAIN_UNIT_MARGIN,
+        # the GPUs whose faults the watchdog acts on (DCGM): its own unless watch_gpus says
+        "watch_gpus": list(inst["watch_gpus"] if "watch_gpus" in inst else inst.get("gpus") or []),
         "has_api_key": bool(inst.get("api_key")),
         "secret_env_names": sorted(inst.get("secret_env") or {}),
         "deployed": deployed(inst, image),

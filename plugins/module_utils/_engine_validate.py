@@ -457,6 +457,7 @@ def _gpus(one: Instance, seen: Host) -> List[str]:
         errors = ["%s.gpus=%r must be a list of GPU indices, e.g. [0, 1]." % (one.where, gpus)]
     else:
         errors = []
+    errors.extend(_watch_gpus(one, seen))
     if one.accelerator != "nvidia":
         if one.gpus and one.accelerator == "cpu":
             errors.append("%s.gpus must be empty for accelerator cpu." % one.where)
@@ -474,6 +475,24 @@ def _gpus(one: Instance, seen: Host) -> List[str]:
             "they must match." % (one.where, len(one.gpus), tp, pp, tp * pp)
         )
     return errors
+
+
+def _watch_gpus(one: Instance, seen: Host) -> List[str]:
+    """watch_gpus: the GPUs whose faults (DCGM) take the instance out of service; its own
+    gpus when not given. Checked against the host's GPUs when its facts list any."""
+    if "watch_gpus" not in one.raw:
+        return []
+    watch = one.raw["watch_gpus"]
+    if not isinstance(watch, list) or not all(is_type(g, int) and g >= 0 for g in watch):
+        return ["%s.watch_gpus=%r must be a list of GPU indices, e.g. [0, 1] ([] watches none)." % (one.where, watch)]
+    indices = seen.gpu_indices if seen.gpu_indices is not None else list(range(seen.gpu_count))
+    missing = [g for g in watch if g not in indices]
+    if seen.gpu_count and missing:
+        return [
+            "%s.watch_gpus: GPU %s not on this host (nvidia-smi lists %s)."
+            % (one.where, ", ".join(map(str, missing)), ", ".join(map(str, sorted(indices))))
+        ]
+    return []
 
 
 def _gpu(one: Instance, seen: Host, g: int) -> List[str]:

@@ -9,6 +9,7 @@ each serves, and its load from /metrics (metric names: _engine_options.ENGINE_IN
 from __future__ import annotations
 
 import json
+import math
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import metric_names
 
@@ -89,7 +90,8 @@ def _unknown():
 
 def host_status(instances, gpu=None, nccl_env=None):
     """One host's report. instances: [{name, deployed (deployed.json text or None), active
-    (unit state), metrics (text or None), pending (its restart-pending mark exists)}]; gpu:
+    (unit state), metrics (text or None), pending (its restart-pending mark exists), quarantine
+    (its quarantine mark's text or None)}]; gpu:
     gpu_facts' gpufleet_gpu; nccl_env: the text of the NCCL env file."""
     gpu = gpu or {}
     p2p = gpu.get("p2p") or {}
@@ -124,9 +126,24 @@ def host_status(instances, gpu=None, nccl_env=None):
         entry = dict(deployed, name=inst.get("name"), unit=active, serving=serving)
         # deployed.json lands before the restart: until the mark goes, it is not what runs
         entry["restart_pending"] = bool(inst.get("pending"))
+        # out of the proxy (the engine watchdog: a GPU fault or a hang; or an operator), and why
+        entry["quarantine"] = _quarantine(inst.get("quarantine"))
         entry.update({k: load.get(k) for k in ("running", "waiting", "kv_cache_usage")})
         report["engines"].append(entry)
     return report
+
+
+def _quarantine(text):
+    """The quarantine mark's {reason, detail, since, by}, or None (no mark)."""
+    if not text:
+        return None
+    try:
+        mark = json.loads(text)
+    except ValueError:
+        return {"reason": "unreadable mark", "detail": "", "since": None, "by": None}
+    if not isinstance(mark, dict):
+        return {"reason": "unreadable mark", "detail": "", "since": None, "by": None}
+    return {k: mark.get(k) for k in ("reason", "detail", "since", "by")}
 
 
 def idle_targets(deployed, plan_instances=None, override=0):
@@ -162,3 +179,49 @@ def busy(results):
         if result.get("status") == 200 and engine_load(result.get("content"), item.get("engine") or "vllm") > 0:
             names.append(item.get("name"))
     return names
+
+
+# What `gpufleet status` asks a monitoring host's Prometheus (playbooks/status.yml): the
+# recording rules of the monitoring role, and the alerts firing.
+MONITORING_QUERIES = {
+    "tokens_per_s": "gpufleet:engine_generation_tokens:rate5m",
+    "ttft_p50": "gpufleet:engine_ttft_seconds:p50_5m",
+    "ttft_p95": "gpufleet:engine_ttft_seconds:p95_5m",
+    "alerts": 'ALERTS{alertstate="firing"}',
+}
+
+
+def monitoring_status(answers):
+    """answers: {key of MONITORING_QUERIES: Prometheus /api/v1/query JSON}. Returns
+    {"instances": {"HOST/NAME": {tokens_per_s, ttft_p50, ttft_p95, alerts: [names]}},
+    "hosts": {HOST: [alert names about the host, not one instance]}}; a missing or failed
+    answer leaves its figures None."""
+    instances, hosts = {}, {}
+    for key in MONITORING_QUERIES:
+        body = (answers or {}).get(key) or {}
+        for sample in ((body.get("data") or {}).get("result") or []) if body.get("status") == "success" else []:
+            labels = sample.get("metric") or {}
+            host, name = labels.get("host"), labels.get("engine_instance")
+            if not host:
+                continue
+            if key == "alerts":
+                alert = labels.get("alertname", "?")
+                if name:
+                    instances.setdefault("%s/%s" % (host, name), {}).setdefault("alerts", []).append(alert)
+                else:
+                    hosts.setdefault(host, []).append(alert)
+                continue
+            if not name:
+                continue
+            try:
+                value = float((sample.get("value") or [None, None])[1])
+            except (TypeError, ValueError):
+                value = None
+            if value is not None and math.isnan(value):
+                value = None  # no request in the window: no figure
+            instances.setdefault("%s/%s" % (host, name), {})[key] = value
+    for entry in instances.values():
+        for key in ("tokens_per_s", "ttft_p50", "ttft_p95"):
+            entry.setdefault(key, None)
+        entry["alerts"] = sorted(set(entry.get("alerts") or []))
+    return {"instances": instances, "hosts": {h: sorted(set(a)) for h, a in hosts.items()}}

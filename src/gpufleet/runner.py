@@ -306,6 +306,7 @@ class RunView:
     hosts: dict[str, HostState] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     reports: dict[str, Any] = field(default_factory=dict)  # gpufleet_status facts (status.yml)
+    monitoring: dict[str, Any] | None = None  # the gpufleet_monitoring fact (status.yml, a monitoring host)
     play: str = ""
     task: str = ""
     _task_path: str = ""
@@ -341,6 +342,9 @@ class RunView:
             report = ((data.get("res") or {}).get("ansible_facts") or {}).get("gpufleet_status")
             if report is not None:
                 self.reports[data.get("host", "?")] = report
+            watched = ((data.get("res") or {}).get("ansible_facts") or {}).get("gpufleet_monitoring")
+            if watched is not None:
+                self.monitoring = watched
         elif kind == "runner_on_skipped":
             self.host(data.get("host", "?")).skipped += 1
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
@@ -719,20 +723,35 @@ def _pct(value: Any) -> str:
     return "-" if value is None else "%.1f%%" % (100.0 * value)
 
 
-def status_rows(reports: dict[str, Any]) -> list[list[str]]:
-    """The status table: one row per engine instance (one per host without any)."""
+def _figure(value: Any, fmt: str) -> str:
+    return "-" if value is None else fmt % value
+
+
+def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = None) -> list[list[str]]:
+    """The status table: one row per engine instance (one per host without any). With a
+    monitoring host's answers, each instance's last 5 minutes too: generated tokens/s, time to
+    first token p50/p95, and the alerts firing about it or its host."""
     rows = [["HOST", "DRIVER", "NCCL", "ENGINE", "STATE", "MODEL", "TP", "GPUS", "KV CACHE", "RUNNING", "WAITING"]]
+    if monitoring is not None:
+        rows[0] += ["TOK/S", "TTFT P50/P95", "ALERTS"]
+    watched = (monitoring or {}).get("instances") or {}
+    host_alerts = (monitoring or {}).get("hosts") or {}
     for host in sorted(reports):
         r = reports[host]
         head = [host, r.get("driver_version") or "-", r.get("nccl") or "-"]
         if not r.get("engines"):
             rows.append([*head, "-", "no engine", "-", "-", "-", "-", "-", "-"])
+            if monitoring is not None:
+                rows[-1] += ["-", "-", ",".join(host_alerts.get(host) or []) or "-"]
         for e in r.get("engines") or []:
             state = "serving" if e.get("serving") else "NOT SERVING (unit %s)" % e.get("unit")
             if e.get("recorded") is False:
                 state = "unknown (unit %s; no deployed.json: run site.yml)" % e.get("unit")
             elif e.get("restart_pending"):
                 state = "RESTART PENDING (unit %s; these settings are not running yet: run site.yml)" % e.get("unit")
+            if e.get("quarantine"):
+                q = e["quarantine"]
+                state = "QUARANTINED (%s: %s; by %s) %s" % (q.get("reason"), q.get("detail"), q.get("by"), state)
             rows.append(
                 [
                     *head,
@@ -746,6 +765,12 @@ def status_rows(reports: dict[str, Any]) -> list[list[str]]:
                     "-" if e.get("waiting") is None else str(e["waiting"]),
                 ]
             )
+            if monitoring is not None:
+                m = watched.get("%s/%s" % (host, e.get("name"))) or {}
+                ttft = "-" if m.get("ttft_p50") is None and m.get("ttft_p95") is None else "%s/%s" % (
+                    _figure(m.get("ttft_p50"), "%.3fs"), _figure(m.get("ttft_p95"), "%.3fs"))  # fmt: skip
+                alerts = sorted(set((m.get("alerts") or []) + (host_alerts.get(host) or [])))
+                rows[-1] += [_figure(m.get("tokens_per_s"), "%.1f"), ttft, ",".join(alerts) or "-"]
     return rows
 
 
@@ -776,10 +801,19 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
         for e in r.get("engines") or []
         if e.get("restart_pending")
     ]
+    held = [
+        "%s/%s (%s)" % (host, e.get("name"), e["quarantine"].get("reason"))
+        for host, r in view.reports.items()
+        for e in r.get("engines") or []
+        if e.get("quarantine")
+    ]
     if req.json:
-        print(json.dumps({"hosts": view.reports, "rc": rc, "log": str(log)}, indent=2, sort_keys=True), file=out)
+        answer = {"hosts": view.reports, "rc": rc, "log": str(log)}
+        if view.monitoring is not None:
+            answer["monitoring"] = view.monitoring
+        print(json.dumps(answer, indent=2, sort_keys=True), file=out)
     else:
-        rows = status_rows(view.reports)
+        rows = status_rows(view.reports, view.monitoring)
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
@@ -794,6 +828,12 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
             "rollout to restart them" % ", ".join(pending),
             file=err,
         )
-    if down or pending:
+    if held:
+        print(
+            "gpufleet: out of service (quarantined; the watchdog returns each when its fault clears, or on the host: "
+            "%s/engine-watchdog release NAME): %s" % ("/usr/local/libexec/gpufleet", ", ".join(held)),
+            file=err,
+        )
+    if down or pending or held:
         return 2
     return 0
