@@ -23,14 +23,21 @@ def tls_subject_alt_names(names):
 
 
 def inventory_addresses(names, hostvars):
-    """Each host's address as its peers reach it: ansible_host, else the default IPv4 address
-    its gathered facts name, else the inventory name."""
+    """Each host's address as its peers reach it: ansible_host when it is an address, else the
+    default IPv4 address its gathered facts name, else ansible_host (a name) or the inventory
+    name."""
     out = []
     for name in names or []:
         hv = hostvars.get(name, {})
         facts = hv.get("ansible_facts") or {}
         fact_address = (facts.get("default_ipv4") or {}).get("address")
-        out.append(str(hv.get("ansible_host") or fact_address or name))
+        given = hv.get("ansible_host")
+        try:
+            ipaddress.ip_address(str(given))
+            given_is_address = True
+        except ValueError:
+            given_is_address = False
+        out.append(str(given if given_is_address else fact_address or given or name))
     return out
 
 

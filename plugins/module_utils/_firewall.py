@@ -5,7 +5,8 @@
 
 A gpu host opens SSH and its proxy's public port (the TLS port when proxy_tls is on, else
 the plain one), and its monitoring listener only to the monitoring hosts when that listener
-is not on loopback; an edge host opens SSH and its edge's public port. Everything else that
+is not on loopback; an edge host opens SSH and its edge's public port. With monitoring hosts,
+the exporters' ports (node, nginx, DCGM) open to them only. Everything else that
 arrives is dropped: engine ports, the engines' internal sockets, Docker's, anything a later
 package opens. Read by the firewall role (its preflight and its nftables table).
 """
@@ -86,6 +87,22 @@ def plan_firewall(params, host_vars, roles):
             sources = _sources(params.get("monitoring_sources"), "firewall_monitoring_sources", errors)
             if sources:
                 rules.append({"port": int(port), "sources": sources, "why": "the monitoring listener"})
+    if "exporters" in roles and ("gpu_host" in roles or "edge" in roles):
+        # node exporter everywhere, the nginx exporter where nginx runs, DCGM's on gpu hosts:
+        # to the monitoring hosts only (none open without them)
+        exporters = dict(_role_defaults("exporters"))
+        exporters.update({k: v for k, v in given.items() if str(k).startswith("exporters_")})
+        sources = _sources(params.get("monitoring_sources"), "firewall_monitoring_sources", errors)
+        nginx = "edge" in roles or bool((host_vars or {}).get("gpufleet_engines"))
+        wanted = [("exporters_node_port", "node exporter", True), ("exporters_nginx_port", "nginx exporter", nginx),
+                  ("exporters_dcgm_port", "DCGM exporter", "gpu_host" in roles)]  # fmt: skip
+        for var, why, on in wanted:
+            if not on or not sources:
+                continue
+            if _port(exporters.get(var)) is None:
+                errors.append("%s=%r must be a port number." % (var, exporters.get(var)))
+                continue
+            rules.append({"port": exporters[var], "sources": sources, "why": why})
     if "edge" in roles:
         public = edge.get("edge_tls_port") if edge.get("edge_tls") else edge.get("edge_listen_port")
         if _port(public) is not None:

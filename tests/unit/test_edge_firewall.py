@@ -120,6 +120,25 @@ def test_the_monitoring_listener_opens_to_the_monitoring_hosts_only():
     assert 9091 not in firewall(host={"proxy_monitor_listen": "0.0.0.0:9091"})["ports"]
 
 
+def test_the_exporters_open_to_the_monitoring_hosts_only():
+    mon = ["10.0.9.1"]
+    # a gpu host with engines: node, nginx and DCGM exporters, each to the monitoring host only
+    plan = firewall(roles=("gpu_host", "exporters"), monitoring_sources=mon)
+    assert plan["ports"] == [22, 8080, 9100, 9113, 9400]
+    assert all(r["sources"] == ["10.0.9.1/32"] for r in plan["rules"] if r["port"] in (9100, 9113, 9400))
+    # an edge host: no DCGM; a gpu host without engines: no nginx
+    assert firewall(roles=("edge", "exporters"), host={"gpufleet_engines": []}, monitoring_sources=mon)["ports"] == [
+        22, 8080, 9100, 9113]  # fmt: skip
+    assert firewall(roles=("gpu_host", "exporters"), host={"gpufleet_engines": []}, monitoring_sources=mon)[
+        "ports"] == [22, 9100, 9400]  # fmt: skip
+    # the host's own ports; none at all without monitoring hosts
+    plan = firewall(roles=("gpu_host", "exporters"), host={"exporters_node_port": 9200}, monitoring_sources=mon)
+    assert 9200 in plan["ports"] and 9100 not in plan["ports"]
+    assert firewall(roles=("gpu_host", "exporters"))["ports"] == [22, 8080]
+    bad = firewall(roles=("gpu_host", "exporters"), host={"exporters_dcgm_port": "x"}, monitoring_sources=mon)
+    assert "exporters_dcgm_port='x' must be a port number." in bad["errors"]
+
+
 @pytest.mark.parametrize(
     ("params", "words"),
     [
@@ -178,6 +197,10 @@ def test_a_lock_of_a_dead_run_here_is_stale_and_one_from_elsewhere_never_is():
 def test_inventory_addresses_and_subject_alt_names():
     hv = {"a": {"ansible_host": "10.0.0.1"}, "b": {"ansible_facts": {"default_ipv4": {"address": "10.0.0.2"}}}, "c": {}}
     assert inventory_addresses(["a", "b", "c"], hv) == ["10.0.0.1", "10.0.0.2", "c"]
+    # an ansible_host that is a name gives way to the facts' address (the firewall needs addresses)
+    named = {"d": {"ansible_host": "d.lab", "ansible_facts": {"default_ipv4": {"address": "10.0.0.4"}}},
+             "e": {"ansible_host": "e.lab"}}  # fmt: skip
+    assert inventory_addresses(["d", "e"], named) == ["10.0.0.4", "e.lab"]
     assert tls_subject_alt_names(["gpu01", "10.0.0.5", "fd00::5"]) == ["DNS:gpu01", "IP:10.0.0.5", "IP:fd00::5"]
 
 
