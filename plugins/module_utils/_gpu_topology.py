@@ -272,3 +272,46 @@ def _to_int(value):
 def _pair_in(key, devices):
     a, b = (int(x) for x in key.split(","))
     return a in devices and b in devices
+
+
+def facts_lines(facts):
+    """gpu_facts' answer (build_facts' dict), as a person reads it: `gpufleet gpu show` and
+    tools/gpu-check.py print it."""
+    lines = [
+        "driver %s, CUDA %s, %d GPU(s)%s"
+        % (
+            facts["driver_version"],
+            facts["cuda_version"],
+            facts["count"],
+            "; problem: %s" % facts["problem"] if facts.get("problem") else "",
+        )
+    ]
+    for d in facts["devices"]:
+        lines.append(
+            "  GPU%-2d %-28s %7s MiB  bus %-16s NUMA %s%s  CPUs %s"
+            % (
+                d["index"],
+                d["name"] or "?",
+                d["memory_total_mib"] if d["memory_total_mib"] is not None else "?",
+                d["pci_bus_id"] or "?",
+                d["numa_node"] if d["numa_node"] is not None else "?",
+                " (%s)" % d["numa_source"] if d.get("numa_source") else "",
+                d["cpus"] or "?",
+            )
+        )
+    pairs = sorted({tuple(sorted(int(i) for i in key.split(","))) for key in facts["links"]})
+    shown = [
+        "%d-%d %s" % (a, b, facts["links"].get("%d,%d" % (a, b)) or facts["links"].get("%d,%d" % (b, a)))
+        for a, b in pairs
+    ]
+    lines.append("links: %s" % (", ".join(shown) if shown else "none (fewer than two GPUs, or no topo -m)"))
+    if facts.get("numa_nodes") is not None:
+        nodes = ", ".join("node%d CPUs %s" % (n["node"], n["cpus"]) for n in facts["numa_nodes"])
+        lines.append("host NUMA nodes: %s" % (nodes or "none in sysfs"))
+    lines.append(
+        "RDMA devices: %s (%s)" % (", ".join(facts["rdma_devices"]) or "none", facts["rdma_source"] or "unknown")
+    )
+    p2p = facts["p2p"]
+    lines.append("NCCL P2P: %s (source: %s)" % ("keep enabled" if p2p["recommended"] else "DISABLE", p2p["source"]))
+    lines.append("  " + p2p["reason"])
+    return lines

@@ -161,52 +161,13 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology imp
 from ansible_collections.gpufleet.serving.plugins.module_utils._nvidia_smi import (
     parse_query_gpu_csv,
     parse_smi_summary,
-    parse_sysfs_cpulist,
-    parse_sysfs_numa_node,
-    sysfs_pci_address,
 )
-
-
-def _read(path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _numa_nodes(sysfs_root):
-    """The host's NUMA nodes and their CPUs (/sys/devices/system/node/nodeN/cpulist)."""
-    base = os.path.join(sysfs_root, "devices", "system", "node")
-    nodes = []
-    for entry in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        if entry.startswith("node") and entry[4:].isdigit():
-            cpus = parse_sysfs_cpulist(_read(os.path.join(base, entry, "cpulist")))
-            if cpus:
-                nodes.append({"node": int(entry[4:]), "cpus": cpus})
-    return sorted(nodes, key=lambda n: n["node"])
-
-
-def _pci_devices(sysfs_root):
-    """NVIDIA GPUs on the PCI bus: vendor 0x10de, class 0x0300 (VGA) or 0x0302 (3D)."""
-    base = os.path.join(sysfs_root, "bus", "pci", "devices")
-    found = []
-    if not os.path.isdir(base):
-        return found
-    for address in sorted(os.listdir(base)):
-        vendor = (_read(os.path.join(base, address, "vendor")) or "").strip()
-        klass = (_read(os.path.join(base, address, "class")) or "").strip()
-        if vendor.lower() != "0x10de" or not klass.lower().startswith(("0x0300", "0x0302")):
-            continue
-        driver = os.path.join(base, address, "driver")
-        found.append(
-            {
-                "address": address,
-                "device_id": (_read(os.path.join(base, address, "device")) or "").strip().lower() or None,
-                "driver": os.path.basename(os.path.realpath(driver)) if os.path.exists(driver) else None,
-            }
-        )
-    return found
+from ansible_collections.gpufleet.serving.plugins.module_utils._sysfs import (
+    gpu_placement,
+    numa_nodes,
+    pci_gpus,
+    rdma_devices,
+)
 
 
 def _run(module, argv, limit=None):
@@ -235,14 +196,13 @@ def main():
     smi = module.params["nvidia_smi_path"] or module.get_bin_path(
         "nvidia-smi", opt_dirs=["/usr/bin", "/usr/local/nvidia/bin"]
     )
-    infiniband = os.path.join(sysfs_root, "class", "infiniband")
-    rdma = sorted(os.listdir(infiniband)) if os.path.isdir(infiniband) else ([] if os.path.isdir(sysfs_root) else None)
+    rdma = rdma_devices(sysfs_root)
 
     if not smi or not os.access(smi, os.X_OK):
         problem = "nvidia-smi not found (%s)" % (module.params["nvidia_smi_path"] or "not on PATH")
         facts = build_facts(rdma_devices=rdma, problem=problem)
-        facts["numa_nodes"] = _numa_nodes(sysfs_root)
-        facts["pci_devices"] = _pci_devices(sysfs_root)
+        facts["numa_nodes"] = numa_nodes(sysfs_root)
+        facts["pci_devices"] = pci_gpus(sysfs_root)
         module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts})
 
     timeout_bin = module.get_bin_path("timeout")
@@ -258,21 +218,12 @@ def main():
 
     bus_ids = [row.get("pci.bus_id") for row in parse_query_gpu_csv(query or "", fields=QUERY_GPU_FIELDS)]
     bus_ids += [d["pci_bus_id"] for d in parse_smi_summary(summary or "")["devices"]]
-    sysfs = {}
-    for bus_id in bus_ids:
-        address = sysfs_pci_address(bus_id)
-        if not address or address in sysfs:
-            continue
-        device_dir = os.path.join(sysfs_root, "bus", "pci", "devices", address)
-        sysfs[address] = {
-            "numa_node": parse_sysfs_numa_node(_read(os.path.join(device_dir, "numa_node"))),
-            "cpus": parse_sysfs_cpulist(_read(os.path.join(device_dir, "local_cpulist"))),
-        }
+    sysfs = gpu_placement(sysfs_root, bus_ids)
     facts = build_facts(
         query_csv=query, summary=summary, topo=topo, p2p=p2p, sysfs=sysfs, rdma_devices=rdma, problem=problem
     )
-    facts["numa_nodes"] = _numa_nodes(sysfs_root)
-    facts["pci_devices"] = _pci_devices(sysfs_root)
+    facts["numa_nodes"] = numa_nodes(sysfs_root)
+    facts["pci_devices"] = pci_gpus(sysfs_root)
     module.exit_json(changed=False, ansible_facts={"gpufleet_gpu": facts})
 
 

@@ -72,7 +72,7 @@ def cmd_gpu_capture(args: argparse.Namespace) -> int:
 
 
 def cmd_gpu_show(args: argparse.Namespace) -> int:
-    from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology import build_facts
+    from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_topology import build_facts, facts_lines
 
     folder = Path(args.folder)
     texts = read_capture(folder)
@@ -96,22 +96,7 @@ def cmd_gpu_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(facts, indent=2, sort_keys=True))
         return 0
-    print("driver %s, CUDA %s, %d GPU(s)" % (facts["driver_version"], facts["cuda_version"], facts["count"]))
-    for d in facts["devices"]:
-        print(
-            "  GPU%-2d %-32s %8s MiB  bus %-16s NUMA %-4s CPUs %s"
-            % (
-                d["index"],
-                d["name"] or "?",
-                d["memory_total_mib"] if d["memory_total_mib"] is not None else "?",
-                d["pci_bus_id"] or "?",
-                d["numa_node"] if d["numa_node"] is not None else "?",
-                d["cpus"] or "?",
-            )
-        )
-    p2p = facts["p2p"]
-    print("NCCL P2P: %s (%s)" % ("keep enabled" if p2p["recommended"] else "disable", p2p["source"]))
-    print("  " + p2p["reason"])
+    print("\n".join(facts_lines(facts)))
     return 0
 
 

@@ -35,7 +35,7 @@ def test_gpu_show_text(capsys):
     assert cli.main(["gpu", "show", str(FIXTURES / "8x_h100_sxm_nv18_12nic_numa_off")]) == 0
     out = capsys.readouterr().out
     assert "8 GPU(s)" in out
-    assert "NCCL P2P: keep enabled (topology)" in out
+    assert "NCCL P2P: keep enabled (source: topology)" in out
 
 
 def test_gpu_capture_roundtrip(tmp_path, capsys, monkeypatch):

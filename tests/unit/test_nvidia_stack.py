@@ -305,7 +305,8 @@ def test_the_checker_rejects_a_broken_source(tmp_path):
 
 
 def test_gpu_facts_lists_nvidia_gpus_on_the_pci_bus_without_a_driver(tmp_path):
-    from ansible_collections.gpufleet.serving.plugins.modules import gpu_facts
+    # what gpu_facts reads (plugins/module_utils/_sysfs.py)
+    from ansible_collections.gpufleet.serving.plugins.module_utils._sysfs import pci_gpus
 
     devices = tmp_path / "bus" / "pci" / "devices"
     for address, vendor, klass, device in [
@@ -317,6 +318,6 @@ def test_gpu_facts_lists_nvidia_gpus_on_the_pci_bus_without_a_driver(tmp_path):
         (devices / address / "vendor").write_text(vendor + "\n")
         (devices / address / "class").write_text(klass + "\n")
         (devices / address / "device").write_text(device + "\n")
-    found = gpu_facts._pci_devices(str(tmp_path))
+    found = pci_gpus(str(tmp_path))
     assert found == [{"address": "0000:01:00.0", "device_id": "0x2330", "driver": None}]
     assert stack.generation(pci_device_id=found[0]["device_id"]) == "hopper"
