@@ -10,8 +10,10 @@
 #   make fleet-lab     the fleet lab alone: site.yml, rollouts under load (also in make molecule)
 #   make bench-rollout the fleet lab with the stop-before-start baseline: requests failed during the
 #                      same change without start-before-stop, beside the 0 failed with it
+#   make bench-scrape  the fleet lab with the monitoring scrape-cost benchmark (tokens/s with and without)
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 #   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
+#   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -22,7 +24,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
-.PHONY: demo demo-down test fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout fleet-lab lab clean-lab constraints build-collection
+.PHONY: demo demo-down test fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape fleet-lab lab clean-lab constraints build-collection gpu-check
 
 # Each tier's duration is printed at the end (tests/tiers.sh), passed or not.
 test:
@@ -37,6 +39,11 @@ demo: setup
 
 demo-down: setup
 	$(BIN)/gpufleet demo down
+
+# On a machine with NVIDIA GPUs (no network, no Ansible needed): captures nvidia-smi and NVML
+# readings as fixtures, runs gpu_facts' parsers and GPU health checks on them, prints what it found.
+gpu-check:
+	python3 tools/gpu-check.py
 
 # Python environment, pinned by requirements/constraints.txt (what CI tested).
 setup: $(STAMP)
@@ -100,6 +107,11 @@ fleet-lab: $(STAMP) lab
 # same load; prints both counts (figures, not assertions about speed).
 bench-rollout: $(STAMP) lab
 	GPUFLEET_BENCH_ROLLOUT=1 $(BIN)/molecule test -s fleet
+
+# The fleet lab with the scrape-cost benchmark at its end: engine output tokens/s with the
+# monitoring host's Prometheus stopped and scraping, alternating rounds, and their ratio.
+bench-scrape: $(STAMP) lab
+	GPUFLEET_BENCH_SCRAPE=1 $(BIN)/molecule test -s fleet
 
 # site.yml's controller cost on 1, 4 and 8 light lab hosts over SSH (and mitogen, opt-in);
 # prints a table, also in .cache/bench-fleet.txt.
