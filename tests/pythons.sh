@@ -23,10 +23,11 @@ find_python() {
 
 stamp_of() { cat pyproject.toml requirements/constraints.txt | sha256sum | cut -c1-16; }
 
-for v in "${versions[@]}"; do
+one() {  # the venv for Python $1 (made once per pins), then the unit tests on it
+  local v=$1 py venv stamp
   py=$(find_python "$v") || {
     echo "pythons: no Python $v here (looked for python$v on PATH, in pyenv and uv); install it or set PYTHONS" >&2
-    exit 1
+    return 1
   }
   venv=.venv-py$v
   stamp="$venv/.installed-$(stamp_of)"
@@ -39,4 +40,22 @@ for v in "${versions[@]}"; do
   fi
   echo "=== unit tests on $("$venv/bin/python" --version) ($venv)"
   "$venv/bin/python" -m pytest -q -p no:cacheprovider
+}
+
+# The versions side by side (the tests are single-process: two of them fill two cores), each
+# into its own log, printed whole when it ends; the tier fails when one version fails.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+pids=()
+for v in "${versions[@]}"; do
+  one "$v" >"$logs/$v.log" 2>&1 &
+  pids+=($!)
 done
+status=0
+for i in "${!versions[@]}"; do
+  rc=0
+  wait "${pids[$i]}" || rc=$?
+  cat "$logs/${versions[$i]}.log"
+  [ "$rc" -eq 0 ] || { echo "pythons: the unit tests on Python ${versions[$i]} failed (exit $rc)" >&2; status=1; }
+done
+exit "$status"
