@@ -78,3 +78,20 @@ def standin(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    """promtool from Debian's prometheus package, unpacked by tests/promtools.sh (the tests of the
+    alert rules and the dashboards)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gpufleet_promtest_fixture", ROOT / "tests" / "monitoring" / "promtest.py"
+    )
+    promtest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(promtest)
+    folder = promtest.promtool_dir()
+    if folder is None:
+        pytest.skip("promtool comes from Debian's prometheus package (tests/promtools.sh needs apt-get, dpkg-deb)")
+    return folder / "promtool"

@@ -185,14 +185,6 @@ def test_the_metric_name_extraction():
     assert metric_names_in('time() - a:b:c{x="y"} > bool up') == {"a:b:c", "up"}
 
 
-@pytest.fixture(scope="module")
-def promtool() -> Path:
-    folder = promtest.promtool_dir()
-    if folder is None:
-        pytest.skip("promtool comes from Debian's prometheus package (tests/promtools.sh needs apt-get, dpkg-deb)")
-    return folder / "promtool"
-
-
 def _check_rules(queries: list[dict]) -> dict:
     """Each query as an alert that fires while it returns nothing (absent())."""
     return {

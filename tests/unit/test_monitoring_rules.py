@@ -37,14 +37,6 @@ render_rules = _load("gpufleet_render_rules", MONITORING / "render_rules.py")
 promtest = _load("gpufleet_promtest", MONITORING / "promtest.py")
 
 
-@pytest.fixture(scope="session")
-def promtool() -> Path:
-    folder = promtest.promtool_dir()
-    if folder is None:
-        pytest.skip("promtool comes from Debian's prometheus package (tests/promtools.sh needs apt-get, dpkg-deb)")
-    return folder / "promtool"
-
-
 @pytest.fixture(scope="module")
 def rules_dir(tmp_path_factory) -> Path:
     """The rendered rules with the unit test files beside them (their rule_files is relative)."""
