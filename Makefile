@@ -24,7 +24,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
-.PHONY: demo demo-down test fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape fleet-lab lab clean-lab constraints build-collection gpu-check
+.PHONY: demo demo-down test fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape bench-routing fleet-lab lab clean-lab constraints build-collection gpu-check
 
 # Each tier's duration is printed at the end (tests/tiers.sh), passed or not.
 test:
@@ -112,6 +112,16 @@ bench-rollout: $(STAMP) lab
 # monitoring host's Prometheus stopped and scraping, alternating rounds, and their ratio.
 bench-scrape: $(STAMP) lab
 	GPUFLEET_BENCH_SCRAPE=1 $(BIN)/molecule test -s fleet
+
+# The fleet lab with three vLLM replicas behind the edge's router: round robin, cache_aware and
+# consistent_hash under one multi-turn workload (TTFT, throughput, the engines' prefix cache hit
+# rate), and the router's added latency against nginx alone; prints a table, also in
+# .cache/bench-routing.txt.
+bench-routing: $(STAMP) lab
+	$(BIN)/molecule destroy -s fleet
+	GPUFLEET_BENCH_ROUTING=1 GPUFLEET_FLEET_VERIFY=bench_routing.yml $(BIN)/molecule converge -s fleet
+	GPUFLEET_BENCH_ROUTING=1 GPUFLEET_FLEET_VERIFY=bench_routing.yml $(BIN)/molecule verify -s fleet
+	$(BIN)/molecule destroy -s fleet
 
 # site.yml's controller cost on 1, 4 and 8 light lab hosts over SSH (and mitogen, opt-in);
 # prints a table, also in .cache/bench-fleet.txt.

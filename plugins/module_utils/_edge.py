@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 
 DURATION_UNITS = ("ms", "s", "m", "h", "d")
+# vllm-router's load balancing policies that route a request to one replica on its own (its PD
+# and kv_aware modes need engine-side KV events, which gpufleet does not wire).
+ROUTER_POLICIES = ("cache_aware", "consistent_hash", "round_robin", "power_of_two", "random")
+# inventory and instance names as they appear in the router's worker paths and nginx locations
+PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def _proxy_defaults() -> dict:
@@ -27,7 +33,7 @@ def _proxy_defaults() -> dict:
 
 def backends(names, hostvars) -> list:
     """Each backend host as the edge reaches it: {name, address, tls, port, self_signed,
-    certificate} from its inventory variables (edge_address, else ansible_host, else its
+    certificate, instances: [{name, model}]} from its inventory variables (edge_address, else ansible_host, else its
     name) and the facts its proxy role published (gpufleet_proxy_tls)."""
     defaults = _proxy_defaults()
     out = []
@@ -39,6 +45,8 @@ def backends(names, hostvars) -> list:
             return defaults.get(key) if value is None else value
 
         tls = bool(get("proxy_tls"))
+        engines = [e for e in (hv.get("gpufleet_engines") if hasattr(hv, "get") else None) or [] if isinstance(e, dict)]
+        fronted = get("proxy_instances") or [e.get("name") for e in engines]
         published = (hv.get("gpufleet_proxy_tls") if hasattr(hv, "get") else None) or {}
         out.append(
             {
@@ -48,6 +56,12 @@ def backends(names, hostvars) -> list:
                 "port": get("proxy_tls_port") if tls else get("proxy_listen_port"),
                 "self_signed": bool(get("proxy_tls_self_signed")),
                 "certificate": published.get("certificate") or "",
+                # the instances its proxy fronts (names and served model names only: never a key)
+                "instances": [
+                    {"name": str(e.get("name")), "model": str(e.get("served_model_name") or e.get("name"))}
+                    for e in engines
+                    if e.get("name") in fronted
+                ],
             }
         )
     return out
@@ -146,6 +160,7 @@ def plan_edge(params, hosts, batch=None) -> dict:
     servers = [
         {"name": h["name"], "address": h["address"], "port": h["port"], "down": h["name"] in down} for h in hosts
     ]
+    router = _plan_router(params, hosts, down, errors)
     return {
         "errors": errors,
         "warnings": warnings,
@@ -158,4 +173,60 @@ def plan_edge(params, hosts, batch=None) -> dict:
         # With TLS on, plain HTTP stays on loopback (local checks); clients use TLS.
         "listen_address": "127.0.0.1" if tls else address,
         "public_port": params.get("tls_port") if tls else params.get("listen_port"),
+        "router": router,
+    }
+
+
+def _plan_router(params, hosts, down, errors):
+    """The routing tier (vllm-router on the edge host, behind its nginx): None when
+    edge_router_policy is "", else {policy, model, workers: [URL], backends: [{name, address,
+    port}]}. The router reaches every instance through the edge's nginx on loopback
+    (edge_router_backend_port, /gpufleet/b/HOST/INSTANCE/...), which holds the TLS to the
+    proxies; a drained host's instances are not workers."""
+    policy = params.get("router_policy") or ""
+    if not policy:
+        return None
+    if policy not in ROUTER_POLICIES:
+        errors.append(
+            "edge_router_policy=%r is not a routing policy; choose from %s, or \"\" for none (nginx balances the "
+            "proxies itself)." % (policy, ", ".join(ROUTER_POLICIES))
+        )
+    taken = {"edge_listen_port": params.get("listen_port")}
+    if params.get("tls"):
+        taken["edge_tls_port"] = params.get("tls_port")
+    for var in ("router_port", "router_backend_port", "router_metrics_port"):
+        port = params.get(var)
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            errors.append("edge_%s=%r must be a port number." % (var, port))
+            continue
+        clash = [k for k, v in taken.items() if v == port]
+        if clash:
+            errors.append("edge_%s=%d is also %s: give each listener its own port." % (var, port, clash[0]))
+        taken["edge_" + var] = port
+    models = sorted({i["model"] for h in hosts for i in h.get("instances") or []})
+    if len(models) > 1:
+        errors.append(
+            "edge_router_policy=%s: the backends serve different models (%s); the router keeps one prefix tree over "
+            "replicas of one model (vllm-router's multi-model mode left workers of one model unused here). Give "
+            "each model its own edge host (edge_backend_group), or set edge_router_policy: \"\"."
+            % (policy, ", ".join(models))
+        )
+    for h in hosts:
+        if not PATH_NAME.fullmatch(h["name"]) or not all(PATH_NAME.fullmatch(i["name"]) for i in h["instances"]):
+            errors.append(
+                "edge_router_policy=%s: %s or one of its instances has a name the router's worker paths cannot carry "
+                "(letters, digits, '.', '_', '-')." % (policy, h["name"])
+            )
+        if not h["instances"]:
+            errors.append(
+                "edge_router_policy=%s: %s has no engine instance behind its proxy (gpufleet_engines, "
+                "proxy_instances); the router routes to instances." % (policy, h["name"])
+            )
+    base = "http://127.0.0.1:%s/gpufleet/b" % params.get("router_backend_port")
+    return {
+        "policy": policy,
+        "model": models[0] if models else None,
+        "workers": ["%s/%s/%s" % (base, h["name"], i["name"]) for h in hosts if h["name"] not in down
+                    for i in h["instances"]],  # fmt: skip
+        "backends": [{"name": h["name"], "address": h["address"], "port": h["port"]} for h in hosts],
     }

@@ -181,7 +181,8 @@ class Engine:
     accelerators: Tuple[str, ...]
     # why an accelerator is missing, for the error message
     accelerator_note: str = ""
-    # Prometheus names of {running, waiting, kv_cache_usage}; the first one present counts
+    # Prometheus names of {running, waiting, kv_cache_usage, prefix_cache_queries,
+    # prefix_cache_hits}; the first one present counts
     metrics: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
     # flags every instance of the engine gets, after --host and --port
     server_flags: Tuple[str, ...] = ()
@@ -204,7 +205,8 @@ DRAIN_STOP_MARGIN = 10
 DRAIN_UNIT_MARGIN = 30
 # Metric names: vLLM v1 exports vllm:num_requests_running, vllm:num_requests_waiting and
 # vllm:kv_cache_usage_perc (0-1; older releases: vllm:gpu_cache_usage_perc), checked against a
-# capture of vLLM 0.32.0 in tests/fixtures/engine_metrics/. SGLang exports
+# capture of vLLM 0.32.0 in tests/fixtures/engine_metrics/, as are its prefix cache counters
+# vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total (tokens). SGLang exports
 # sglang:num_running_reqs, sglang:num_queue_reqs and sglang:token_usage (0-1) (SGLang docs,
 # "Production Metrics"); gpufleet has no SGLang capture, so those are read by name only.
 # SGLang serves /metrics only with --enable-metrics: status and the rollout's drain read it.
@@ -218,6 +220,9 @@ ENGINE_INFO: Dict[str, Engine] = {
             "running": ("vllm:num_requests_running",),
             "waiting": ("vllm:num_requests_waiting",),
             "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            # prompt tokens looked up in, and found in, the prefix cache since the engine started
+            "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
+            "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
         },
         drain_flag="--shutdown-timeout",
     ),

@@ -108,6 +108,10 @@ def plan_firewall(params, host_vars, roles):
         if _port(public) is not None:
             rules.append({"port": public, "sources": [], "why": "the edge (%s)" % (
                 "TLS" if edge.get("edge_tls") else "plain HTTP")})  # fmt: skip
+        # the router's metrics (every interface when there are monitoring hosts): to them only
+        sources = _sources(params.get("monitoring_sources"), "firewall_monitoring_sources", errors)
+        if edge.get("edge_router_policy") and sources and _port(edge.get("edge_router_metrics_port")) is not None:
+            rules.append({"port": edge["edge_router_metrics_port"], "sources": sources, "why": "router metrics"})
     for i, entry in enumerate(params.get("allow_tcp") or []):
         where = "firewall_allow_tcp[%d]" % i
         if not isinstance(entry, dict) or _port(entry.get("port")) is None:

@@ -5,7 +5,8 @@
 
 Every gpu host's engine instances through its proxy's monitoring listener (one target per
 instance, /metrics/NAME, with a bearer token), node exporter on every host, the nginx exporter
-where nginx runs (gpu hosts with engines, edge hosts), DCGM's exporter on gpu hosts that run it.
+where nginx runs (gpu hosts with engines, edge hosts), DCGM's exporter on gpu hosts that run it,
+the router on edge hosts that run one (edge_router_policy).
 Each target carries the labels the rules and dashboards group by: host, and for engines
 engine_instance and model. Read by the monitoring role (its preflight and prometheus.yml).
 """
@@ -16,7 +17,7 @@ import ipaddress
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._firewall import _role_defaults
 
-JOBS = ("gpufleet_engine", "node", "nginx", "dcgm")
+JOBS = ("gpufleet_engine", "node", "nginx", "dcgm", "router")
 
 
 def _listen_port(listen):
@@ -35,11 +36,12 @@ def _is_loopback(address):
 def plan_monitoring(fleet):
     """fleet: [{name, address, gpu_host, edge, engines: [{name, served_model_name}],
     proxy_monitor_listen, exporters_node_port, exporters_nginx_port, exporters_dcgm_port,
-    dcgm}] (None: the role's default).
+    dcgm, edge_router_policy, edge_router_metrics_port}] (None: the role's default).
 
     Returns {errors, jobs: {job: [{targets: [ADDR:PORT], labels: {...}}]}}."""
     proxy = _role_defaults("proxy")
     exporters = _role_defaults("exporters")
+    edge = _role_defaults("edge")
     errors, jobs = [], {job: [] for job in JOBS}
 
     def setting(host, key, defaults):
@@ -71,11 +73,12 @@ def plan_monitoring(fleet):
                     })  # fmt: skip
         wanted = [("node", "exporters_node_port", True),
                   ("nginx", "exporters_nginx_port", host.get("edge") or (host.get("gpu_host") and bool(engines))),
-                  ("dcgm", "exporters_dcgm_port", host.get("gpu_host") and host.get("dcgm"))]  # fmt: skip
+                  ("dcgm", "exporters_dcgm_port", host.get("gpu_host") and host.get("dcgm")),
+                  ("router", "edge_router_metrics_port", host.get("edge") and host.get("edge_router_policy"))]  # fmt: skip
         for job, key, on in wanted:
             if not on:
                 continue
-            port = setting(host, key, exporters)
+            port = setting(host, key, edge if job == "router" else exporters)
             labels = {"host": name}
             if job == "nginx":
                 labels["role"] = "edge" if host.get("edge") else "proxy"

@@ -36,7 +36,9 @@ def plan_proxy(params, engines):
     """params: the proxy_* variables (without the prefix); engines: gpufleet_engines.
 
     Returns {errors, upstream: [host:port], backup: [host:port] (the surge copies),
-    engine_key: str|None, model: served name, instances: [names], monitor: [{name, port}]}.
+    engine_key: str|None, model: served name, instances: [names], monitor: [{name, port}],
+    by_instance: [{name, server, backup}] (each instance with its own surge copy: the edge's router
+    addresses one instance at /gpufleet/instance/NAME/...)}.
     """
     errors = []
     engines = [e for e in engines or [] if isinstance(e, dict)]
@@ -185,4 +187,13 @@ def plan_proxy(params, engines):
         "model": models[0] if models else None,
         "instances": [e["name"] for e in chosen],
         "monitor": [{"name": e["name"], "port": e.get("port")} for e in chosen],
+        "by_instance": [
+            {
+                "name": e["name"],
+                "server": upstream_address(e),
+                "backup": upstream_address(e, surge_port(e)) if isinstance(surge_port(e), int) else None,
+            }
+            for e in chosen
+            if "port" in e
+        ],
     }

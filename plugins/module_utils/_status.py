@@ -40,7 +40,8 @@ def _samples(text):
 
 
 def parse_metrics(text, engine="vllm"):
-    """{running, waiting, kv_cache_usage} from a Prometheus text page; None where absent.
+    """{running, waiting, kv_cache_usage, prefix_cache_queries, prefix_cache_hits} from a
+    Prometheus text page; None where absent.
     Several series of one metric (engines, ranks) add up; usage is their mean."""
     samples = _samples(text)
     out = {}
@@ -129,6 +130,10 @@ def host_status(instances, gpu=None, nccl_env=None):
         # out of the proxy (the engine watchdog: a GPU fault or a hang; or an operator), and why
         entry["quarantine"] = _quarantine(inst.get("quarantine"))
         entry.update({k: load.get(k) for k in ("running", "waiting", "kv_cache_usage")})
+        # the share of prompt tokens the engine found in its prefix cache since it started (what
+        # the edge's cache-aware router raises)
+        queries, hits = load.get("prefix_cache_queries"), load.get("prefix_cache_hits")
+        entry["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries and hits is not None else None
         report["engines"].append(entry)
     return report
 

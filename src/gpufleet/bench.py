@@ -166,6 +166,8 @@ class Settings:
     seed: int
     timeout: float
     json: bool
+    turns: int = 1
+    turn_tokens: int = 64
 
     def requests_for(self, concurrency: int) -> int | None:
         """Requests to send at one level; None in --duration mode."""
@@ -222,6 +224,8 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         seed=args.seed,
         timeout=args.timeout,
         json=args.json,
+        turns=args.turns,
+        turn_tokens=args.turn_tokens,
     )
 
 
@@ -314,6 +318,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the first N prompt words are the same in every request, to exercise prefix caching (default: 0)",
     )
+    parser.add_argument(
+        "--turns",
+        type=_int_at_least(1),
+        default=1,
+        metavar="T",
+        help="multi-turn conversations of T requests: each turn resends the whole history (the prompt, earlier "
+        "turns and replies) plus --turn-tokens new words, with the conversation's X-Session-ID header; "
+        "--requests counts requests, rounded up to whole conversations (default: 1, single requests)",
+    )
+    parser.add_argument(
+        "--turn-tokens",
+        type=_int_at_least(1),
+        default=64,
+        metavar="N",
+        help="words each turn adds to a conversation (default: 64)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for the prompt words (default: 0)")
     parser.add_argument(
         "--timeout",
@@ -343,6 +363,24 @@ class PromptBuilder:
         return " ".join(self.prefix + [rng.choice(WORDS) for _ in range(self.unique_words)])
 
 
+class Conversation:
+    """One multi-turn conversation: its first prompt, then per turn a user message of
+    `turn_words` words; every request resends the whole history with the replies so far."""
+
+    def __init__(self, prompts: PromptBuilder, number: int, turn_words: int) -> None:
+        self.session = "gpufleet-bench-%d-%d" % (prompts.seed, number)
+        self.history = prompts.prompt(number)
+        self.rng = random.Random("gpufleet-bench/%d/%d/turns" % (prompts.seed, number))
+        self.turn_words = turn_words
+
+    def next_prompt(self) -> str:
+        self.history += "\nUser: %s\nAssistant:" % " ".join(self.rng.choice(WORDS) for _ in range(self.turn_words))
+        return self.history
+
+    def reply(self, text: str) -> None:
+        self.history += text
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Requests
 
@@ -365,6 +403,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     tokens_from_usage: bool = False
     error: str | None = None
+    text: str = ""
 
     @property
     def tpot(self) -> float | None:
@@ -398,8 +437,11 @@ def _error_text(exc: BaseException, secret: str | None) -> str:
     return _one_line("%s: %s" % (type(exc).__name__, exc), secret)
 
 
-def _request_kwargs(model: str, features: Features, prompt: str, max_tokens: int) -> dict:
+def _request_kwargs(model: str, features: Features, prompt: str, max_tokens: int, session: str | None = None) -> dict:
     kwargs: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    if session is not None:
+        # the conversation's key for session-affine routers (vllm-router's consistent_hash reads it)
+        kwargs["extra_headers"] = {"X-Session-ID": session}
     if features.include_usage:
         kwargs["stream_options"] = {"include_usage": True}
     if features.ignore_eos:
@@ -409,14 +451,17 @@ def _request_kwargs(model: str, features: Features, prompt: str, max_tokens: int
     return kwargs
 
 
-async def one_request(client: Any, settings: Settings, model: str, features: Features, prompt: str) -> RequestResult:
+async def one_request(
+    client: Any, settings: Settings, model: str, features: Features, prompt: str, session: str | None = None
+) -> RequestResult:
     """Send one streamed completion and time it."""
-    kwargs = _request_kwargs(model, features, prompt, settings.output_tokens)
+    kwargs = _request_kwargs(model, features, prompt, settings.output_tokens, session)
     start = time.perf_counter()
     first = last = None
     gaps: list[float] = []
     chunks = 0
     usage = None
+    texts: list[str] = []
     try:
         async with asyncio.timeout(settings.timeout):
             stream = await client.completions.create(**kwargs)
@@ -426,6 +471,7 @@ async def one_request(client: Any, settings: Settings, model: str, features: Fea
                     if chunk.usage is not None:
                         usage = chunk.usage
                     if chunk.choices and chunk.choices[0].text:
+                        texts.append(chunk.choices[0].text)
                         chunks += 1
                         if first is None:
                             first = now
@@ -449,6 +495,7 @@ async def one_request(client: Any, settings: Settings, model: str, features: Fea
         output_tokens=tokens,
         prompt_tokens=usage.prompt_tokens if usage is not None else None,
         tokens_from_usage=usage is not None and bool(usage.completion_tokens),
+        text="".join(texts),
     )
 
 
@@ -528,6 +575,32 @@ async def run_level(
     results: list[RequestResult] = []
     start = time.perf_counter()
     deadline = start + settings.duration if settings.duration is not None else None
+    if settings.turns > 1:
+        # whole conversations: each worker runs one conversation's turns in order
+        remaining = None if remaining is None else -(-remaining // settings.turns)
+
+    async def conversations() -> None:
+        nonlocal remaining
+        while True:
+            if deadline is None:
+                if remaining <= 0:
+                    return
+                remaining -= 1
+            elif time.perf_counter() >= deadline:
+                return
+            conversation = Conversation(prompts, next(numbers), settings.turn_tokens)
+            for _ in range(settings.turns):
+                result = await one_request(
+                    client, settings, model, features, conversation.next_prompt(), conversation.session
+                )
+                results.append(result)
+                if not result.ok:
+                    break
+                conversation.reply(result.text)
+
+    if settings.turns > 1:
+        await asyncio.gather(*(conversations() for _ in range(concurrency)))
+        return LevelResult(concurrency=concurrency, duration=time.perf_counter() - start, results=results)
 
     async def worker() -> None:
         nonlocal remaining
@@ -655,6 +728,8 @@ class Report:
                 "prompt_tokens_unit": "words (about one token each)",
                 "output_tokens": s.output_tokens,
                 "shared_prefix": s.shared_prefix,
+                "turns": s.turns,
+                "turn_tokens": s.turn_tokens,
                 "seed": s.seed,
                 "timeout_s": s.timeout,
             },

@@ -731,7 +731,8 @@ def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = Non
     """The status table: one row per engine instance (one per host without any). With a
     monitoring host's answers, each instance's last 5 minutes too: generated tokens/s, time to
     first token p50/p95, and the alerts firing about it or its host."""
-    rows = [["HOST", "DRIVER", "NCCL", "ENGINE", "STATE", "MODEL", "TP", "GPUS", "KV CACHE", "RUNNING", "WAITING"]]
+    rows = [["HOST", "DRIVER", "NCCL", "ENGINE", "STATE", "MODEL", "TP", "GPUS", "KV CACHE", "PREFIX HITS", "RUNNING",
+             "WAITING"]]  # fmt: skip
     if monitoring is not None:
         rows[0] += ["TOK/S", "TTFT P50/P95", "ALERTS"]
     watched = (monitoring or {}).get("instances") or {}
@@ -740,7 +741,7 @@ def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = Non
         r = reports[host]
         head = [host, r.get("driver_version") or "-", r.get("nccl") or "-"]
         if not r.get("engines"):
-            rows.append([*head, "-", "no engine", "-", "-", "-", "-", "-", "-"])
+            rows.append([*head, "-", "no engine", "-", "-", "-", "-", "-", "-", "-"])
             if monitoring is not None:
                 rows[-1] += ["-", "-", ",".join(host_alerts.get(host) or []) or "-"]
         for e in r.get("engines") or []:
@@ -761,6 +762,7 @@ def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = Non
                     str(e.get("tensor_parallel_size") or "-"),
                     str(e.get("gpus") or "-"),
                     _pct(e.get("kv_cache_usage")),
+                    _pct(e.get("prefix_cache_hit_rate")),
                     "-" if e.get("running") is None else str(e["running"]),
                     "-" if e.get("waiting") is None else str(e["waiting"]),
                 ]

@@ -61,6 +61,7 @@ class EngineStandIn:
         self.api_key = api_key
         self.model = model
         self.bodies: list[dict] = []
+        self.sessions: list[str | None] = []
         self.lock = threading.Lock()
         self.counted = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -132,6 +133,7 @@ class EngineStandIn:
                     return
                 with engine.lock:
                     engine.bodies.append(body)
+                    engine.sessions.append(self.headers.get("X-Session-ID"))
                     if body.get("max_tokens", 16) > 1:
                         engine.counted += 1
                         number = engine.counted
@@ -340,6 +342,30 @@ def test_sweep_measures_what_the_stand_in_streams(capsys, monkeypatch):
         assert body["stream"] is True
         assert body["ignore_eos"] is True
         assert body["stream_options"] == {"include_usage": True}
+
+
+def test_turns_resend_each_conversations_history_with_its_session(capsys, monkeypatch):
+    with EngineStandIn(first_delay=0.01, gap=0.005) as engine:
+        argv = [engine.url, "--concurrency", "2", "--requests", "5", "--turns", "3", "--turn-tokens", "4"]
+        argv += ["--prompt-tokens", "10", "--shared-prefix", "3", "--output-tokens", "2"]
+        rc, report, _ = run_json(argv, capsys, monkeypatch)
+    assert rc == 0 and report["settings"]["turns"] == 3 and report["settings"]["turn_tokens"] == 4
+    # 5 requests round up to 2 whole conversations of 3 turns
+    level = report["levels"][0]
+    assert (level["requests"], level["ok"]) == (6, 6)
+    turns = [(s, b["prompt"]) for s, b in zip(engine.sessions, engine.bodies) if b.get("max_tokens", 0) > 1]
+    by_session = {}
+    for session, prompt in turns:
+        by_session.setdefault(session, []).append(prompt)
+    assert len(by_session) == 2 and all(len(p) == 3 for p in by_session.values())
+    for prompts in by_session.values():
+        first, second, third = prompts
+        # each turn is the previous turn, the stand-in's reply to it (" t0 t1") and 4 new words
+        assert second.startswith(first + " t0 t1\nUser: ") and third.startswith(second + " t0 t1\nUser: ")
+        assert len(second[len(first + " t0 t1\nUser: "):].split()) == 5  # 4 words and "Assistant:"
+        assert first.split("\n")[0].split()[:3] == turns[0][1].split()[:3]  # the shared prefix
+    # the one-token probe carries no session
+    assert engine.sessions[0] is None
 
 
 def test_failures_are_counted_and_exit_2(capsys, monkeypatch):

@@ -29,7 +29,7 @@ def test_backends_read_each_hosts_proxy_settings_with_the_proxy_roles_defaults()
     b = {"edge_address": "b.lan", "proxy_tls": True, "gpufleet_proxy_tls": {"certificate": PEM}}
     got = backends(["a", "b"], {"a": {"ansible_host": "10.0.0.1"}, "b": b})
     assert got[0] == {"name": "a", "address": "10.0.0.1", "tls": False, "port": 8080, "self_signed": False,
-                      "certificate": ""}  # fmt: skip
+                      "certificate": "", "instances": []}  # fmt: skip
     assert got[1]["address"] == "b.lan" and got[1]["port"] == 8443 and got[1]["certificate"] == PEM
 
 
@@ -92,6 +92,63 @@ def test_tls_backends_are_trusted_by_their_published_certificates():
     assert plan["errors"] == [] and plan["backend_tls"] is True
     assert plan["trust"] == [PEM, PEM] and [s["port"] for s in plan["servers"]] == [8443, 8443]
     assert plan["listen_address"] == "127.0.0.1" and plan["public_port"] == 8443
+
+
+ROUTER = dict(EDGE, router_policy="cache_aware", router_port=8090, router_backend_port=8091, router_metrics_port=9097)
+
+
+def engines(*names, model="m"):
+    return [{"name": n, "served_model_name": model, "port": 8001 + i, "api_key": "secret"} for i, n in enumerate(names)]
+
+
+def test_the_router_addresses_every_instance_of_every_backend_in_service():
+    fleet = backends(["a", "b"], {"a": {"gpufleet_engines": engines("x", "y")}, "b": {"gpufleet_engines": engines("z")}})
+    # no key (or anything but names) reaches the plan
+    assert fleet[0]["instances"] == [{"name": "x", "model": "m"}, {"name": "y", "model": "m"}]
+    plan = plan_edge(ROUTER, fleet)
+    assert plan["errors"] == [] and plan["router"]["policy"] == "cache_aware" and plan["router"]["model"] == "m"
+    base = "http://127.0.0.1:8091/gpufleet/b/"
+    assert plan["router"]["workers"] == [base + "a/x", base + "a/y", base + "b/z"]
+    assert [b["name"] for b in plan["router"]["backends"]] == ["a", "b"]
+    # the rollout drains b: its instance leaves the router's list, its backend stays addressable
+    drained = plan_edge(ROUTER, fleet, batch=["b"])
+    assert drained["router"]["workers"] == [base + "a/x", base + "a/y"]
+    assert len(drained["router"]["backends"]) == 2
+    # proxy_instances: only the instances the proxy fronts
+    only = backends(["a"], {"a": {"gpufleet_engines": engines("x", "y"), "proxy_instances": ["y"]}})
+    assert plan_edge(ROUTER, only)["router"]["workers"] == [base + "a/y"]
+    # no policy: no router
+    assert plan_edge(EDGE, fleet)["router"] is None
+
+
+@pytest.mark.parametrize(
+    ("over", "fleet", "words"),
+    [
+        ({"router_policy": "prefix"}, {}, ["edge_router_policy='prefix' is not a routing policy", "cache_aware"]),
+        ({"router_port": 8080}, {}, ["edge_router_port=8080 is also edge_listen_port"]),
+        ({"router_backend_port": 8090}, {}, ["edge_router_backend_port=8090 is also edge_router_port"]),
+        ({"router_metrics_port": "x"}, {}, ["edge_router_metrics_port='x' must be a port number"]),
+        ({}, {"b": {"gpufleet_engines": engines("z", model="other")}}, ["serve different models (m, other)"]),
+        ({}, {"b": {}}, ["b has no engine instance behind its proxy"]),
+        ({}, {"b": {"gpufleet_engines": engines("z/../x")}}, ["b or one of its instances has a name"]),
+    ],
+)  # fmt: skip
+def test_bad_router_settings_are_named(over, fleet, words):
+    hv = {"a": {"gpufleet_engines": engines("x")}, "b": {"gpufleet_engines": engines("z")}}
+    hv.update(fleet)
+    text = " ".join(plan_edge(dict(ROUTER, **over), backends(["a", "b"], hv))["errors"])
+    for word in words:
+        assert word in text
+
+
+def test_the_router_metrics_open_to_the_monitoring_hosts_only():
+    routed = firewall(("edge",), {"edge_router_policy": "cache_aware"}, monitoring_sources=["10.0.0.9"])
+    assert [r for r in routed["rules"] if r["why"] == "router metrics"] == [
+        {"port": 9097, "sources": ["10.0.0.9/32"], "why": "router metrics", "v4": ["10.0.0.9/32"], "v6": []}
+    ]
+    # no monitoring hosts (the router binds loopback), or no router: nothing opens
+    assert 9097 not in firewall(("edge",), {"edge_router_policy": "cache_aware"})["ports"]
+    assert 9097 not in firewall(("edge",), {}, monitoring_sources=["10.0.0.9"])["ports"]
 
 
 def firewall(roles=("gpu_host",), host=None, **params):

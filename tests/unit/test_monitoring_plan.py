@@ -37,6 +37,20 @@ def test_every_instance_and_exporter_is_a_target_with_its_labels():
         ("10.0.0.5:9113", "proxy"), ("[fd00::7]:9113", "proxy"), ("10.0.0.9:9113", "edge")]  # fmt: skip
     # DCGM only where it runs
     assert [t["labels"]["host"] for t in plan["jobs"]["dcgm"]] == ["g1"]
+    # no router on that edge
+    assert plan["jobs"]["router"] == []
+
+
+def test_an_edge_with_a_router_is_scraped_at_its_metrics_port():
+    edges = [{"name": "e1", "address": "10.0.0.9", "gpu_host": False, "edge": True, "engines": [],
+              "edge_router_policy": "cache_aware"},
+             {"name": "e2", "address": "10.0.0.10", "gpu_host": False, "edge": True, "engines": [],
+              "edge_router_policy": "consistent_hash", "edge_router_metrics_port": 9300},
+             {"name": "e3", "address": "10.0.0.11", "gpu_host": False, "edge": True, "engines": [],
+              "edge_router_policy": ""}]  # fmt: skip
+    plan = monitoring_plan(edges)
+    assert [(t["targets"], t["labels"]) for t in plan["jobs"]["router"]] == [
+        (["10.0.0.9:9097"], {"host": "e1"}), (["10.0.0.10:9300"], {"host": "e2"})]  # fmt: skip
 
 
 def test_a_monitoring_listener_on_loopback_is_named_with_the_fix():

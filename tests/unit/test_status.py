@@ -34,7 +34,9 @@ def test_metrics_of_a_busy_and_an_idle_vllm():
     busy = parse_metrics(BUSY)
     assert busy["running"] == 2 and busy["waiting"] == 0
     assert 0 < busy["kv_cache_usage"] < 0.05
-    assert parse_metrics(IDLE) == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0}
+    # the capture's prefix cache counters (prompt tokens): 6 looked up, none found
+    assert parse_metrics(IDLE) == {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "prefix_cache_queries": 6,
+                                   "prefix_cache_hits": 0}  # fmt: skip
     assert parse_metrics("", "sglang") == {"running": None, "waiting": None, "kv_cache_usage": None}
     sglang = 'sglang:num_running_reqs{tp_rank="0"} 3\nsglang:num_queue_reqs{tp_rank="0"} 1\nsglang:token_usage 0.5\n'
     assert parse_metrics(sglang, "sglang") == {"running": 3, "waiting": 1, "kv_cache_usage": 0.5}
@@ -47,7 +49,8 @@ def test_metrics_are_read_by_prometheus_own_parser():
         'vllm:num_requests_waiting{engine="0",model_name="team}a,\\"b\\""} 2\n'
         'vllm:kv_cache_usage_perc{engine="0",model_name="x"} 0.25\n'
     )
-    assert parse_metrics(page) == {"running": 3, "waiting": 2, "kv_cache_usage": 0.25}
+    assert parse_metrics(page) == {"running": 3, "waiting": 2, "kv_cache_usage": 0.25, "prefix_cache_queries": None,
+                                   "prefix_cache_hits": None}  # fmt: skip
     # a page cut short keeps what came before the break
     assert parse_metrics(page.splitlines()[0] + "\nvllm:num_requests_wai")["running"] == 3
 
@@ -121,7 +124,10 @@ def test_filter_joins_folders_units_and_metrics_and_the_table_flags_what_does_no
     assert engine_status([])["nccl"] == "no NCCL env file"
     rows = status_rows({"gpu-01": report, "gpu-02": dict(report, engines=[])})
     assert rows[0][:5] == ["HOST", "DRIVER", "NCCL", "ENGINE", "STATE"]
-    assert rows[1][3:8] == ["chat vllm:8001", "serving", "qwen", "2", "0,1"] and rows[1][9:] == ["2", "0"]
+    assert rows[1][3:8] == ["chat vllm:8001", "serving", "qwen", "2", "0,1"] and rows[1][10:] == ["2", "0"]
+    # the busy capture's prefix cache: 24 prompt tokens looked up, none found
+    assert chat["prefix_cache_hit_rate"] == 0.0 and rows[0][9] == "PREFIX HITS" and rows[1][9] == "0.0%"
+    assert spare["prefix_cache_hit_rate"] is None and rows[2][9] == "-"
     assert rows[2][4] == "NOT SERVING (unit failed)"
     assert rows[3][0] == "gpu-02" and rows[3][4] == "no engine"
 
