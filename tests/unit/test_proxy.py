@@ -34,6 +34,11 @@ def test_replicas_balance_with_one_engine_key():
     assert plan_proxy(params(), [dict(ENGINES[0], surge_port=8500)])["backup"] == ["127.0.0.1:8500"]
     assert plan["model"] == "qwen"
     assert plan["engine_key"] == "e" * 40
+    # each instance alone (the edge's router addresses one), with its own surge copy
+    assert plan["by_instance"] == [
+        {"name": "r1", "server": "127.0.0.1:8001", "backup": "127.0.0.1:9001"},
+        {"name": "r2", "server": "127.0.0.1:8002", "backup": "127.0.0.1:9002"},
+    ]
 
 
 @pytest.mark.parametrize(
