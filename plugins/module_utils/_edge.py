@@ -188,7 +188,7 @@ def _plan_router(params, hosts, down, errors):
         return None
     if policy not in ROUTER_POLICIES:
         errors.append(
-            "edge_router_policy=%r is not a routing policy; choose from %s, or \"\" for none (nginx balances the "
+            'edge_router_policy=%r is not a routing policy; choose from %s, or "" for none (nginx balances the '
             "proxies itself)." % (policy, ", ".join(ROUTER_POLICIES))
         )
     taken = {"edge_listen_port": params.get("listen_port")}
@@ -208,7 +208,7 @@ def _plan_router(params, hosts, down, errors):
         errors.append(
             "edge_router_policy=%s: the backends serve different models (%s); the router keeps one prefix tree over "
             "replicas of one model (vllm-router's multi-model mode left workers of one model unused here). Give "
-            "each model its own edge host (edge_backend_group), or set edge_router_policy: \"\"."
+            'each model its own edge host (edge_backend_group), or set edge_router_policy: "".'
             % (policy, ", ".join(models))
         )
     for h in hosts:
@@ -226,7 +226,8 @@ def _plan_router(params, hosts, down, errors):
     return {
         "policy": policy,
         "model": models[0] if models else None,
-        "workers": ["%s/%s/%s" % (base, h["name"], i["name"]) for h in hosts if h["name"] not in down
-                    for i in h["instances"]],  # fmt: skip
+        "workers": [
+            "%s/%s/%s" % (base, h["name"], i["name"]) for h in hosts if h["name"] not in down for i in h["instances"]
+        ],
         "backends": [{"name": h["name"], "address": h["address"], "port": h["port"]} for h in hosts],
     }

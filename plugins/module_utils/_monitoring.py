@@ -74,7 +74,8 @@ def plan_monitoring(fleet):
         wanted = [("node", "exporters_node_port", True),
                   ("nginx", "exporters_nginx_port", host.get("edge") or (host.get("gpu_host") and bool(engines))),
                   ("dcgm", "exporters_dcgm_port", host.get("gpu_host") and host.get("dcgm")),
-                  ("router", "edge_router_metrics_port", host.get("edge") and host.get("edge_router_policy"))]  # fmt: skip
+                  ("router", "edge_router_metrics_port",
+                   host.get("edge") and host.get("edge_router_policy"))]  # fmt: skip
         for job, key, on in wanted:
             if not on:
                 continue

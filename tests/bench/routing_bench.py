@@ -41,20 +41,27 @@ def workers():
     return json.loads(edge("curl -fsS %s/workers" % ROUTER))["workers"]
 
 
+def total(page, metric):
+    return sum(float(v) for v in re.findall(r"^%s\{[^}]*\} (\S+)$" % metric, page, re.M))
+
+
 def counters(instances):
     """{instance: (prefix cache queries, hits)} from each engine's /metrics (tokens)."""
     out = {}
     for host, name in instances:
         page = sh("docker", "exec", host, "curl", "-fsS", "http://127.0.0.1:9091/metrics/%s" % name)
-        get = lambda metric: sum(float(v) for v in re.findall(r"^%s\{[^}]*\} (\S+)$" % metric, page, re.M))  # noqa: E731
-        out[(host, name)] = (get("vllm:prefix_cache_queries_total"), get("vllm:prefix_cache_hits_total"))
+        out[(host, name)] = (
+            total(page, "vllm:prefix_cache_queries_total"),
+            total(page, "vllm:prefix_cache_hits_total"),
+        )
     return out
 
 
 def routed():
     """{worker URL: requests the router sent it} from the router's metrics."""
     page = edge("curl -fsS http://127.0.0.1:9097/metrics")
-    return {w: float(n) for w, n in re.findall(r'^vllm_router_processed_requests_total\{worker="([^"]+)"\} (\S+)$', page, re.M)}
+    found = re.findall(r'^vllm_router_processed_requests_total\{worker="([^"]+)"\} (\S+)$', page, re.M)
+    return {w: float(n) for w, n in found}
 
 
 def switch(policy):
@@ -73,7 +80,7 @@ def switch(policy):
 
 
 # One-token completions in turn to the router and to nginx's loopback path, on the edge host.
-OVERHEAD = r'''
+OVERHEAD = r"""
 import http.client, json, statistics, sys, time
 key, pairs = sys.argv[1], int(sys.argv[2])
 body = json.dumps({"model": "tiny-llama", "prompt": "Hello there", "max_tokens": 1}).encode()
@@ -90,7 +97,7 @@ for i in range(pairs + 5):
         if i >= 5:
             times[k].append(time.perf_counter() - t)
 print(json.dumps(times))
-'''
+"""
 
 
 def main(argv):
@@ -110,18 +117,21 @@ def main(argv):
         hits = sum(after[i][1] - before[i][1] for i in instances)
         level = report["levels"][0]
         spread = [int(sent_after.get(w, 0) - sent_before.get(w, 0)) for w in sorted(sent_after)]
-        rows.append({"policy": policy, "ok": level["ok"], "failed": level["failed"],
-                     "ttft_p50_ms": level["ttft_ms"]["p50"], "ttft_p90_ms": level["ttft_ms"]["p90"],
-                     "output_tok_s": level["output_token_throughput"], "prompt_tokens_mean": level["prompt_tokens_mean"],
-                     "hit_rate": hits / queries if queries else None, "per_instance": spread})  # fmt: skip
+        rows.append({
+            "policy": policy, "ok": level["ok"], "failed": level["failed"],
+            "ttft_p50_ms": level["ttft_ms"]["p50"], "ttft_p90_ms": level["ttft_ms"]["p90"],
+            "output_tok_s": level["output_token_throughput"], "prompt_tokens_mean": level["prompt_tokens_mean"],
+            "hit_rate": hits / queries if queries else None, "per_instance": spread,
+        })  # fmt: skip
     subprocess.run(["docker", "exec", "-i", EDGE, "sh", "-c", "cat > /tmp/gpufleet-overhead.py"],
                    input=OVERHEAD, text=True, check=True)  # fmt: skip
     times = json.loads(edge("python3 /tmp/gpufleet-overhead.py %s 200" % os.environ["GPUFLEET_API_KEY"]))
     diffs = [a - b for a, b in zip(times["router"], times["nginx"], strict=True)]
     lines = ["make bench-routing: %d conversations x 6 turns per policy, 6 at once, through the edge" % 24,
              "(3 vLLM CPU replicas of the tiny model; mean prompt %.0f tokens)" % (rows[0]["prompt_tokens_mean"] or 0),
-             "", "%-16s %4s %6s %13s %13s %12s %14s  %s" % ("policy", "ok", "failed", "TTFT p50 ms", "TTFT p90 ms",
-                                                            "output tok/s", "prefix hits", "requests per instance")]  # fmt: skip
+             "", "%-16s %4s %6s %13s %13s %12s %14s  %s" % (
+                 "policy", "ok", "failed", "TTFT p50 ms", "TTFT p90 ms", "output tok/s", "prefix hits",
+                 "requests per instance")]  # fmt: skip
     for r in rows:
         lines.append("%-16s %4d %6d %13.1f %13.1f %12.1f %13.1f%%  %s" % (
             r["policy"], r["ok"], r["failed"], r["ttft_p50_ms"], r["ttft_p90_ms"], r["output_tok_s"],

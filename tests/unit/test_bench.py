@@ -353,7 +353,8 @@ def test_turns_resend_each_conversations_history_with_its_session(capsys, monkey
     # 5 requests round up to 2 whole conversations of 3 turns
     level = report["levels"][0]
     assert (level["requests"], level["ok"]) == (6, 6)
-    turns = [(s, b["prompt"]) for s, b in zip(engine.sessions, engine.bodies) if b.get("max_tokens", 0) > 1]
+    pairs = zip(engine.sessions, engine.bodies, strict=True)
+    turns = [(s, b["prompt"]) for s, b in pairs if b.get("max_tokens", 0) > 1]
     by_session = {}
     for session, prompt in turns:
         by_session.setdefault(session, []).append(prompt)
@@ -362,7 +363,7 @@ def test_turns_resend_each_conversations_history_with_its_session(capsys, monkey
         first, second, third = prompts
         # each turn is the previous turn, the stand-in's reply to it (" t0 t1") and 4 new words
         assert second.startswith(first + " t0 t1\nUser: ") and third.startswith(second + " t0 t1\nUser: ")
-        assert len(second[len(first + " t0 t1\nUser: "):].split()) == 5  # 4 words and "Assistant:"
+        assert len(second[len(first + " t0 t1\nUser: ") :].split()) == 5  # 4 words and "Assistant:"
         assert first.split("\n")[0].split()[:3] == turns[0][1].split()[:3]  # the shared prefix
     # the one-token probe carries no session
     assert engine.sessions[0] is None

@@ -102,7 +102,8 @@ def engines(*names, model="m"):
 
 
 def test_the_router_addresses_every_instance_of_every_backend_in_service():
-    fleet = backends(["a", "b"], {"a": {"gpufleet_engines": engines("x", "y")}, "b": {"gpufleet_engines": engines("z")}})
+    hv = {"a": {"gpufleet_engines": engines("x", "y")}, "b": {"gpufleet_engines": engines("z")}}
+    fleet = backends(["a", "b"], hv)
     # no key (or anything but names) reaches the plan
     assert fleet[0]["instances"] == [{"name": "x", "model": "m"}, {"name": "y", "model": "m"}]
     plan = plan_edge(ROUTER, fleet)
