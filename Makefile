@@ -11,6 +11,8 @@
 #   make bench-rollout the fleet lab with the stop-before-start baseline: requests failed during the
 #                      same change without start-before-stop, beside the 0 failed with it
 #   make bench-scrape  the fleet lab with the monitoring scrape-cost benchmark (tokens/s with and without)
+#   make bench-routing three replicas behind the edge's router: round robin vs cache_aware vs consistent_hash
+#                      on a multi-turn workload, and the router's added latency
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 #   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
 #   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
