@@ -297,43 +297,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="send requests for S seconds per level instead of a fixed number; those in flight then finish",
     )
-    parser.add_argument(
-        "--prompt-tokens",
-        type=_int_at_least(1),
-        default=256,
-        metavar="N",
-        help="prompt length in words, each about one token (default: 256)",
-    )
-    parser.add_argument(
-        "--output-tokens",
-        type=_int_at_least(1),
-        default=128,
-        metavar="N",
-        help="max_tokens per request, with ignore_eos where the server accepts it (default: 128)",
-    )
-    parser.add_argument(
-        "--shared-prefix",
-        type=_int_at_least(0),
-        default=0,
-        metavar="N",
-        help="the first N prompt words are the same in every request, to exercise prefix caching (default: 0)",
-    )
-    parser.add_argument(
-        "--turns",
-        type=_int_at_least(1),
-        default=1,
-        metavar="T",
-        help="multi-turn conversations of T requests: each turn resends the whole history (the prompt, earlier "
-        "turns and replies) plus --turn-tokens new words, with the conversation's X-Session-ID header; "
-        "--requests counts requests, rounded up to whole conversations (default: 1, single requests)",
-    )
-    parser.add_argument(
-        "--turn-tokens",
-        type=_int_at_least(1),
-        default=64,
-        metavar="N",
-        help="words each turn adds to a conversation (default: 64)",
-    )
+    # the workload's sizes: (flag, least value, default, metavar, help)
+    sizes = (
+        ("--prompt-tokens", 1, 256, "N", "prompt length in words, each about one token (default: 256)"),
+        ("--output-tokens", 1, 128, "N", "max_tokens per request, with ignore_eos where the server accepts it "
+         "(default: 128)"),
+        ("--shared-prefix", 0, 0, "N", "the first N prompt words are the same in every request, to exercise prefix "
+         "caching (default: 0)"),
+        ("--turns", 1, 1, "T", "multi-turn conversations of T requests: each turn resends the whole history (the "
+         "prompt, earlier turns and replies) plus --turn-tokens new words, with the conversation's X-Session-ID "
+         "header; --requests counts requests, rounded up to whole conversations (default: 1, single requests)"),
+        ("--turn-tokens", 1, 64, "N", "words each turn adds to a conversation (default: 64)"),
+    )  # fmt: skip
+    for flag, least, default, metavar, text in sizes:
+        parser.add_argument(flag, type=_int_at_least(least), default=default, metavar=metavar, help=text)
     parser.add_argument("--seed", type=int, default=0, help="seed for the prompt words (default: 0)")
     parser.add_argument(
         "--timeout",
@@ -579,28 +556,20 @@ async def run_level(
         # whole conversations: each worker runs one conversation's turns in order
         remaining = None if remaining is None else -(-remaining // settings.turns)
 
-    async def conversations() -> None:
-        nonlocal remaining
-        while True:
-            if deadline is None:
-                if remaining <= 0:
-                    return
-                remaining -= 1
-            elif time.perf_counter() >= deadline:
+    async def unit() -> None:
+        """One request, or with --turns one conversation, each turn after the last one's reply."""
+        if settings.turns == 1:
+            results.append(await one_request(client, settings, model, features, prompts.prompt(next(numbers))))
+            return
+        conversation = Conversation(prompts, next(numbers), settings.turn_tokens)
+        for _ in range(settings.turns):
+            result = await one_request(
+                client, settings, model, features, conversation.next_prompt(), conversation.session
+            )
+            results.append(result)
+            if not result.ok:
                 return
-            conversation = Conversation(prompts, next(numbers), settings.turn_tokens)
-            for _ in range(settings.turns):
-                result = await one_request(
-                    client, settings, model, features, conversation.next_prompt(), conversation.session
-                )
-                results.append(result)
-                if not result.ok:
-                    break
-                conversation.reply(result.text)
-
-    if settings.turns > 1:
-        await asyncio.gather(*(conversations() for _ in range(concurrency)))
-        return LevelResult(concurrency=concurrency, duration=time.perf_counter() - start, results=results)
+            conversation.reply(result.text)
 
     async def worker() -> None:
         nonlocal remaining
@@ -611,7 +580,7 @@ async def run_level(
                 remaining -= 1
             elif time.perf_counter() >= deadline:
                 return
-            results.append(await one_request(client, settings, model, features, prompts.prompt(next(numbers))))
+            await unit()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return LevelResult(concurrency=concurrency, duration=time.perf_counter() - start, results=results)
