@@ -60,6 +60,14 @@ def plan_firewall(params, host_vars, roles):
     edge = dict(_role_defaults("edge"))
     edge.update({k: v for k, v in given.items() if str(k).startswith("edge_")})
 
+    # the monitoring hosts' addresses, read (and a bad one named) once, where a rule needs them
+    monitoring = []
+
+    def monitoring_sources():
+        if not monitoring:
+            monitoring.append(_sources(params.get("monitoring_sources"), "firewall_monitoring_sources", errors))
+        return monitoring[0]
+
     ssh = _port(params.get("ssh_port"))
     if ssh is None:
         errors.append(
@@ -84,7 +92,7 @@ def plan_firewall(params, host_vars, roles):
         except ValueError:
             loopback = False
         if port.isdigit() and not loopback:
-            sources = _sources(params.get("monitoring_sources"), "firewall_monitoring_sources", errors)
+            sources = monitoring_sources()
             if sources:
                 rules.append({"port": int(port), "sources": sources, "why": "the monitoring listener"})
     if "exporters" in roles and ("gpu_host" in roles or "edge" in roles):
@@ -92,7 +100,7 @@ def plan_firewall(params, host_vars, roles):
         # to the monitoring hosts only (none open without them)
         exporters = dict(_role_defaults("exporters"))
         exporters.update({k: v for k, v in given.items() if str(k).startswith("exporters_")})
-        sources = _sources(params.get("monitoring_sources"), "firewall_monitoring_sources", errors)
+        sources = monitoring_sources()
         nginx = "edge" in roles or bool((host_vars or {}).get("gpufleet_engines"))
         wanted = [("exporters_node_port", "node exporter", True), ("exporters_nginx_port", "nginx exporter", nginx),
                   ("exporters_dcgm_port", "DCGM exporter", "gpu_host" in roles)]  # fmt: skip
@@ -109,7 +117,7 @@ def plan_firewall(params, host_vars, roles):
             rules.append({"port": public, "sources": [], "why": "the edge (%s)" % (
                 "TLS" if edge.get("edge_tls") else "plain HTTP")})  # fmt: skip
         # the router's metrics (every interface when there are monitoring hosts): to them only
-        sources = _sources(params.get("monitoring_sources"), "firewall_monitoring_sources", errors)
+        sources = monitoring_sources()
         if edge.get("edge_router_policy") and sources and _port(edge.get("edge_router_metrics_port")) is not None:
             rules.append({"port": edge["edge_router_metrics_port"], "sources": sources, "why": "router metrics"})
     for i, entry in enumerate(params.get("allow_tcp") or []):

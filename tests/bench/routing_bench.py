@@ -18,7 +18,12 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import quote
+
+# the collection from this checkout (status's metric reader)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
+from ansible_collections.gpufleet.serving.plugins.module_utils._status import parse_metrics
 
 EDGE = "lab-fleet-edge"
 ROUTER = "http://127.0.0.1:8090"
@@ -43,19 +48,13 @@ def workers():
     return json.loads(edge("curl -fsS %s/workers" % ROUTER))["workers"]
 
 
-def total(page, metric):
-    return sum(float(v) for v in re.findall(r"^%s\{[^}]*\} (\S+)$" % metric, page, re.M))
-
-
 def counters(instances):
-    """{instance: (prefix cache queries, hits)} from each engine's /metrics (tokens)."""
+    """{instance: (prefix cache queries, hits)} from each engine's /metrics (tokens), read as
+    `gpufleet status` reads them."""
     out = {}
     for host, name in instances:
-        page = sh("docker", "exec", host, "curl", "-fsS", "http://127.0.0.1:9091/metrics/%s" % name)
-        out[(host, name)] = (
-            total(page, "vllm:prefix_cache_queries_total"),
-            total(page, "vllm:prefix_cache_hits_total"),
-        )
+        load = parse_metrics(sh("docker", "exec", host, "curl", "-fsS", "http://127.0.0.1:9091/metrics/%s" % name))
+        out[(host, name)] = (load["prefix_cache_queries"] or 0, load["prefix_cache_hits"] or 0)
     return out
 
 

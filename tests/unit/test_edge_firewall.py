@@ -278,3 +278,14 @@ def test_a_draining_host_waits_on_what_runs_now_for_each_drain_time():
                {"status": 200, "content": "sglang:num_running_reqs 0\n", "item": targets[1]},
                {"status": -1, "item": {"name": "gone"}}]  # fmt: skip
     assert busy(results) == ["chat"]
+
+
+def test_a_bad_monitoring_source_is_named_once_whatever_needs_it():
+    # the monitoring listener, the exporters and the router's metrics all open to these sources
+    gpu = firewall(("gpu_host", "exporters"), {"proxy_monitor_listen": "0.0.0.0:9091"}, monitoring_sources=["mon.lan"])
+    edge = firewall(("edge", "exporters"), {"edge_router_policy": "cache_aware"}, monitoring_sources=["mon.lan"])
+    for plan in (gpu, edge):
+        assert [e for e in plan["errors"] if "firewall_monitoring_sources" in e] == [
+            "firewall_monitoring_sources: 'mon.lan' is not an address or network (10.0.0.5, 10.0.0.0/24); the firewall "
+            "matches addresses, so give the host's address (ansible_host) rather than its name."
+        ]
