@@ -15,7 +15,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_pl
 from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import ModelConfigError, load_model_config
 
 
-def memory_plan(config, gpus=1, gpu_memory_mib=None, gpu_memory_gib=None, engine="vllm", pins=None, concurrency=None):
+def memory_plan(
+    config, gpus=1, gpu_memory_mib=None, gpu_memory_gib=None, engine="vllm", pins=None, concurrency=None, nodes=1
+):
     try:
         parsed = load_model_config(config if isinstance(config, str) else json.dumps(dict(config)))
         if not gpu_memory_mib and not gpu_memory_gib:
@@ -27,6 +29,7 @@ def memory_plan(config, gpus=1, gpu_memory_mib=None, gpu_memory_gib=None, engine
             engine=engine,
             pins=pins,
             concurrency=concurrency,
+            nodes=nodes,
         )
     except (ModelConfigError, _memory_plan.PlanInputError, TypeError, ValueError) as exc:
         raise AnsibleFilterError("memory_plan: %s" % exc) from None

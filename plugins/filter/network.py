@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import address_of
+
 
 def tls_subject_alt_names(names):
     """['gpu01', '10.0.0.5'] -> ['DNS:gpu01', 'IP:10.0.0.5']"""
@@ -23,22 +25,8 @@ def tls_subject_alt_names(names):
 
 
 def inventory_addresses(names, hostvars):
-    """Each host's address as its peers reach it: ansible_host when it is an address, else the
-    default IPv4 address its gathered facts name, else ansible_host (a name) or the inventory
-    name."""
-    out = []
-    for name in names or []:
-        hv = hostvars.get(name, {})
-        facts = hv.get("ansible_facts") or {}
-        fact_address = (facts.get("default_ipv4") or {}).get("address")
-        given = hv.get("ansible_host")
-        try:
-            ipaddress.ip_address(str(given))
-            given_is_address = True
-        except ValueError:
-            given_is_address = False
-        out.append(str(given if given_is_address else fact_address or given or name))
-    return out
+    """Each host's address as its peers reach it (module_utils/_engine_group.address_of)."""
+    return [address_of(hostvars, name) for name in names or []]
 
 
 class FilterModule:

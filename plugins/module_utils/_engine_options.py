@@ -19,7 +19,7 @@ tests/labtests/test_engine_argparse.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 # How an option's value becomes arguments.
 VALUE = "value"  # --flag VALUE
@@ -123,7 +123,8 @@ def _share(name, vllm=None, sglang=None, counterpart=None, plan_key=None):
 # In the order their flags follow each other on the command line.
 _OPTIONS = (
     _count("tensor_parallel_size", Flag("--tensor-parallel-size"), Flag("--tp-size"), plan_key="tensor_parallel_size"),
-    _count("pipeline_parallel_size", Flag("--pipeline-parallel-size"), Flag("--pp-size")),
+    _count("pipeline_parallel_size", Flag("--pipeline-parallel-size"), Flag("--pp-size"),
+           plan_key="pipeline_parallel_size"),
     _share("gpu_memory_utilization", vllm=Flag("--gpu-memory-utilization"), counterpart="mem_fraction_static",
            plan_key="gpu_memory_utilization"),
     _share("mem_fraction_static", sglang=Flag("--mem-fraction-static"), counterpart="gpu_memory_utilization",
@@ -167,7 +168,7 @@ REMOVED = {
 INSTANCE_KEYS = (
     "name", "engine", "accelerator", "image", "model", "served_model_name", "port", "bind", "gpus", "cpus",
     "api_key", "ipc", "shm_size", "kv_cache_space_gib", "extra_args", "env", "secret_env", "readiness_timeout",
-    "drain_timeout", "options", "surge_port", "watch_gpus",
+    "drain_timeout", "options", "surge_port", "watch_gpus", "nodes", "master_port", "cross_node_tensor_parallel",
 )  # fmt: skip
 
 
@@ -188,6 +189,27 @@ class Engine:
     server_flags: Tuple[str, ...] = ()
     # the flag that takes the instance's drain time in seconds (None: the engine has none)
     drain_flag: Optional[str] = None
+    # A multi-node instance: the entrypoint its members run (vLLM's workers exist only on the
+    # `vllm serve` path: started through the API server module, a follower asserts "collective_rpc
+    # should not be called on follower node", checked in vLLM 0.32), and its flags.
+    group_entrypoint: Optional[Tuple[str, ...]] = None
+
+    def group_flags(self, group: dict) -> List[str]:
+        """The engine's multi-node flags for one member (_engine_group.context)."""
+        if self.name == "sglang":
+            # SGLang's ServerArgs: --nnodes, --node-rank, --dist-init-addr HOST:PORT
+            return ["--nnodes", str(group["size"]), "--node-rank", str(group["rank"]),
+                    "--dist-init-addr", _host_port(group["master_addr"], group["master_port"])]  # fmt: skip
+        # vLLM's multiprocessing executor across nodes (vllm/config/parallel.py nnodes, node_rank,
+        # master_addr, master_port; workers --headless serve no API)
+        flags = ["--nnodes", str(group["size"]), "--node-rank", str(group["rank"]),
+                 "--master-addr", group["master_addr"], "--master-port", str(group["master_port"]),
+                 "--distributed-executor-backend", "mp"]  # fmt: skip
+        return flags + (["--headless"] if group["rank"] else [])
+
+
+def _host_port(host: str, port) -> str:
+    return "[%s]:%s" % (host, port) if ":" in host else "%s:%s" % (host, port)
 
 
 # How long a stopping instance drains (its requests in flight finish) unless it says
@@ -225,6 +247,7 @@ ENGINE_INFO: Dict[str, Engine] = {
             "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
         },
         drain_flag="--shutdown-timeout",
+        group_entrypoint=("vllm", "serve"),
     ),
     "sglang": Engine(
         "sglang",
@@ -238,6 +261,7 @@ ENGINE_INFO: Dict[str, Engine] = {
             "kv_cache_usage": ("sglang:token_usage",),
         },
         server_flags=("--enable-metrics",),
+        group_entrypoint=("python3", "-m", "sglang.launch_server"),
     ),
 }
 # Flags gpufleet sets itself from the instance (api_key, bind, port, model, its name, drain
@@ -246,7 +270,8 @@ ENGINE_INFO: Dict[str, Engine] = {
 # both (_engine_validate).
 OWN_FLAGS = (
     "--api-key", "--host", "--port", "--model", "--model-path", "--served-model-name", "--shutdown-timeout",
-    "--enable-metrics", "--uds",
+    "--enable-metrics", "--uds", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
+    "--dist-init-addr", "--distributed-executor-backend",
 )  # fmt: skip
 # Environment names gpufleet sets or that carry secrets: not in env (secrets go in secret_env,
 # which lands in the 0600 file the container sources, never on a command line).
@@ -332,8 +357,9 @@ def label(i: int, inst) -> str:
     return "gpufleet_engines[%d]%s" % (i, " (%s)" % name if name else "")
 
 
-def default_tensor_parallel_size(inst: dict, gpus, pp) -> int:
-    """An unpinned tensor_parallel_size spreads the model over all the instance's GPUs."""
+def default_tensor_parallel_size(inst: dict, gpus, pp, nodes: int = 1) -> int:
+    """An unpinned tensor_parallel_size spreads the model over all the instance's GPUs (on each
+    of its `nodes`: pipeline parallel crosses the nodes, tensor parallel stays within one)."""
     if inst.get("accelerator", "nvidia") == "cpu" or not gpus or not is_type(pp, int) or pp < 1:
         return 1
-    return max(1, len(gpus) // pp)
+    return max(1, len(gpus) * nodes // pp)

@@ -9,7 +9,10 @@ gpufleet_engine_plan.
 
 from __future__ import annotations
 
+import ipaddress
+
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import context, fingerprint, memberships
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
     default_tensor_parallel_size,
     label,
@@ -29,23 +32,30 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._plan_text import
 
 def memory_plan_of(inst: dict, config: dict, gpu=None):
     """The memory plan of one validated instance: (plan, None), or (None, why it is skipped).
-    Raises what the planner raises on input it cannot read."""
+    Raises what the planner raises on input it cannot read. A multi-node instance is planned
+    for all its nodes (`gpus` on each)."""
     options = options_of(inst)
     pins = plan_pins(options)
+    nodes = len(inst["nodes"]) if inst.get("nodes") else 1
+    if inst.get("cross_node_tensor_parallel"):
+        pins["cross_node_tensor_parallel"] = True
     if inst.get("accelerator", "nvidia") == "cpu":
         space = int(inst.get("kv_cache_space_gib", 1)) * 2**30
-        return _memory_plan.plan_memory(config, accelerator="cpu", pins=pins, kv_space_bytes=space), None
+        plan = _memory_plan.plan_memory(config, accelerator="cpu", pins=pins, kv_space_bytes=space, nodes=nodes)
+        return plan, None
     devices = {d.get("index"): d for d in (gpu or {}).get("devices") or []}
     mine = [devices[g] for g in inst.get("gpus") or [] if g in devices]
     sizes = [d.get("memory_total_mib") for d in mine if d.get("memory_total_mib")]
     if not sizes:
         return None, skipped_line(inst.get("gpus"))
-    if (options.get("pipeline_parallel_size") or 1) != 1:
+    if nodes == 1 and (options.get("pipeline_parallel_size") or 1) != 1:
         return None, skipped_line(inst.get("gpus"), pipeline_parallel=True)
-    pins.setdefault("tensor_parallel_size", len(inst["gpus"]))
+    if nodes == 1 or "pipeline_parallel_size" not in pins:
+        pins.setdefault("tensor_parallel_size", len(inst["gpus"]))
     plan = _memory_plan.plan_memory(
         config,
         gpus=len(inst["gpus"]),
+        nodes=nodes,
         gpu_memory_bytes=_memory_plan.usable_bytes(min(sizes)),
         engine=inst.get("engine", "vllm"),
         pins=pins,
@@ -82,10 +92,14 @@ def with_plan(inst: dict, plan=None) -> dict:
     plan, tensor_parallel_size spread over the instance's GPUs)."""
     pinned = options_of(inst)
     merged = dict(inst)
+    nodes = len(inst["nodes"]) if inst.get("nodes") else 1
     if not plan:
+        pp = pinned.get("pipeline_parallel_size") or nodes
+        if pinned.get("pipeline_parallel_size") is None and pp > 1:
+            merged["pipeline_parallel_size"] = pp
         if pinned.get("tensor_parallel_size") is None and inst.get("accelerator", "nvidia") != "cpu":
             gpus = inst.get("gpus") or []
-            tp = default_tensor_parallel_size(inst, gpus, pinned.get("pipeline_parallel_size") or 1)
+            tp = default_tensor_parallel_size(inst, gpus, pp, nodes)
             if tp > 1:
                 merged["tensor_parallel_size"] = tp
         return merged
@@ -98,21 +112,37 @@ def with_plan(inst: dict, plan=None) -> dict:
 def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
     """validate + memory plans + render + restart strategy: {errors: [...], instances: [...]}
     (instances empty on errors). Each rendered instance carries its memory plan's lines
-    (memory_plan), its restart strategy (surge) and what the preflight prints (report)."""
-    errors = validate(instances, gpu=gpu, models=models, host=host, defaults=defaults)
+    (memory_plan), its restart strategy (surge) and what the preflight prints (report).
+
+    host: {numa_nodes, memory_available_mib} and, for multi-node instances, name (this host's
+    inventory name), hosts (the gpu hosts), groups (the engine_groups filter's answer), facts
+    (Ansible's network facts) and group_ifname (engine_group_ifname). The multi-node instances
+    this host joins as a worker are planned and rendered after its own."""
+    host = host or {}
+    members = memberships(host.get("groups"), host.get("name"))
+    errors = validate(instances, gpu=gpu, models=models, host=host, defaults=defaults, members=members)
     if errors:
         return {"errors": errors, "instances": []}
-    plans, errors, skipped = memory_plans(instances, gpu=gpu, models=models)
+    everything = list(instances) + [m["instance"] for m in members]
+    plans, errors, skipped = memory_plans(everything, gpu=gpu, models=models)
     if errors:
         return {"errors": errors, "instances": []}
     rendered, errors = [], []
-    for i, inst in enumerate(instances):
+    for i, inst in enumerate(everything):
         name = inst["name"]
         planned = with_plan(inst, plans.get(name))
+        group = context(inst, host.get("name"), host.get("groups"), host.get("facts"), host.get("group_ifname"))
+        if group:
+            errors.extend(_group_errors(label(i, inst), group, host.get("name")))
+            planned["_group"] = group
         out = render(planned, gpu=gpu, host=host, defaults=defaults)
         out["surge"] = surge(planned, instances, plans.get(name), gpu=gpu, host=host, defaults=defaults)
         out["memory_plan"] = plan_lines(plans.get(name)) or ([skipped[name]] if name in skipped else [])
         out["report"] = instance_lines(out)
+        if group:
+            config = ((models or {}).get(inst.get("model")) or {}).get("config")
+            # compared with the other members' (group_preflight.yml) with the model's weight files
+            out["fingerprint"] = fingerprint(out, config)
         # The run files hold one argument per line: a value with a line break would add
         # arguments. validate() refuses every such input; this is the last guard.
         broken = [a for a in out["docker_args"] + (out["surge"].get("docker_args") or []) if CONTROL.search(a)]
@@ -125,3 +155,24 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
     if errors:
         return {"errors": errors, "instances": []}
     return {"errors": [], "instances": rendered}
+
+
+def _group_errors(where, group, me) -> list:
+    """What a multi-node member needs from this host: an address its peers reach and the
+    interface that holds it."""
+    errors = []
+    for node, address in zip(group["nodes"], group["addresses"]):
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            errors.append(
+                "%s: node %s has no address but %r; the group's sockets and the firewall need one: set %s's "
+                "ansible_host to its address on the group's network." % (where, node, address, node)
+            )
+    if not errors and not group["ifname"]:
+        errors.append(
+            "%s: no network interface on %s holds its address %s (Ansible's network facts), so NCCL and Gloo "
+            "cannot be told which one to use: gather network facts, or set engine_group_ifname on %s."
+            % (where, me, group["address"], me)
+        )
+    return errors

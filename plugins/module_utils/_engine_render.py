@@ -56,6 +56,8 @@ def engine_args(inst: dict) -> list:
     options = options_of(inst)
     for key, option in OPTIONS.items():
         args += option.render(engine, options.get(key))
+    if inst.get("_group"):
+        args += ENGINE_INFO[engine].group_flags(inst["_group"])
     return args + list(inst.get("extra_args") or [])
 
 
@@ -165,7 +167,16 @@ def deployed(inst: dict, image: str) -> dict:
         "max_model_len": options.get(length.name) if length else None,
         "drain_timeout": drain_of(inst),
         "options": options,
+        # a multi-node instance: this node's rank and the group (status shows each member)
+        "group": _group_record(inst.get("_group")),
     }
+
+
+def _group_record(group):
+    if not group:
+        return None
+    keys = ("rank", "size", "leader", "nodes", "addresses", "master_addr", "master_port", "address", "ifname")
+    return {k: group[k] for k in keys}
 
 
 def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
@@ -191,11 +202,15 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     # the lab saw 10 VLLM::Worker listeners on the host's network address) and of NCCL's
     # bootstrap (NCCL_SOCKET_IFNAME; its data goes over NVLink/PCIe/shared memory within a
     # host). They override the host's nccl.env for the instance (--env comes after --env-file).
-    env["GLOO_SOCKET_IFNAME"] = "lo"
+    group = inst.get("_group")
+    # A multi-node instance's sockets face its peers instead: this node's address on the group's
+    # network and the interface that holds it (_engine_group.context); the firewall opens them
+    # to the group's other members only.
+    env["GLOO_SOCKET_IFNAME"] = group["ifname"] if group else "lo"
     if engine == "vllm":
-        env["VLLM_HOST_IP"] = "127.0.0.1"
+        env["VLLM_HOST_IP"] = group["address"] if group else "127.0.0.1"
     if accelerator == "nvidia":
-        env["NCCL_SOCKET_IFNAME"] = "lo"
+        env["NCCL_SOCKET_IFNAME"] = group["ifname"] if group else "lo"
     if accelerator == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(inst.get("kv_cache_space_gib", 1))
         if cpus:
@@ -232,14 +247,19 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     for key in sorted(env):
         docker += ["--env", "%s=%s" % (key, env[key])]
     docker += ["--volume", "%s:%s:ro" % (inst["model"], MODEL_MOUNT % name)]
-    probe = "import urllib.request; urllib.request.urlopen('http://%s:%d/health', timeout=5)" % (health_host, port)
-    docker += [
-        "--health-cmd", "python3 -c \"%s\"" % probe,
-        "--health-interval", "30s", "--health-timeout", "10s", "--health-retries", "3",
-        "--health-start-period", "%ds" % inst.get("readiness_timeout", 900),
-    ]  # fmt: skip
+    serves = not group or group["rank"] == 0
+    if serves:
+        probe = "import urllib.request; urllib.request.urlopen('http://%s:%d/health', timeout=5)" % (health_host, port)
+        docker += [
+            "--health-cmd", "python3 -c \"%s\"" % probe,
+            "--health-interval", "30s", "--health-timeout", "10s", "--health-retries", "3",
+            "--health-start-period", "%ds" % inst.get("readiness_timeout", 900),
+        ]  # fmt: skip
+    else:
+        # a headless worker serves no HTTP: the leader's readiness speaks for the group
+        docker += ["--no-healthcheck"]
     entry = ["/bin/sh", "-c", 'set -a; . %s; set +a; exec "$@"' % SECRET_MOUNT, "gpufleet-engine"]
-    entry += ENGINE_INFO[engine].entrypoint
+    entry += (ENGINE_INFO[engine].group_entrypoint if group else None) or ENGINE_INFO[engine].entrypoint
     args = engine_args(inst)
     docker += ["--entrypoint", entry[0], image, *entry[1:], *args]
     return {
@@ -268,6 +288,9 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         # the GPUs whose faults the watchdog acts on (DCGM): its own unless watch_gpus says
         "watch_gpus": list(inst["watch_gpus"] if "watch_gpus" in inst else inst.get("gpus") or []),
         "has_api_key": bool(inst.get("api_key")),
+        # False on a multi-node instance's workers: no API, no proxy, no readiness of their own
+        "serves": serves,
+        "group": _group_record(group),
         "secret_env_names": sorted(inst.get("secret_env") or {}),
         "deployed": deployed(inst, image),
     }

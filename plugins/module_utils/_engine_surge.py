@@ -76,6 +76,10 @@ def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults
     out = {"fits": False, "port": surge_port(inst), "gpus": []}
     if defaults.get("surge", "auto") == "never":
         out["why"] = "engine_surge is never"
+    elif inst.get("_group"):
+        # its members restart together (a copy would need a copy on every node); a second
+        # replica behind the edge carries the traffic meanwhile
+        out["why"] = "a multi-node instance restarts as a whole group"
     elif inst.get("accelerator", "nvidia") == "cpu":
         _cpu_room(inst, memory_plan, host, out)
     else:

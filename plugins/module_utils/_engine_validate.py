@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import DEFAULT_MASTER_PORT
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
     ACCELERATORS,
     ENGINE_INFO,
@@ -88,33 +89,41 @@ class Instance:
     gpus: List[int]  # [] when gpus is not a list of integers
     tp: object
     pp: object
+    # hosts the instance spans (1: a single-host instance; `nodes` of a multi-node one)
+    nodes: int = 1
 
     @classmethod
-    def of(cls, i: int, inst: dict) -> "Instance":
+    def of(cls, i: int, inst: dict, where: Optional[str] = None) -> "Instance":
         options = options_of(inst)
         gpus = inst.get("gpus", [])
         if not isinstance(gpus, list) or not all(is_type(g, int) for g in gpus):
             gpus = []
-        pp = options.get("pipeline_parallel_size") or 1
+        nodes = inst.get("nodes")
+        count = len(nodes) if isinstance(nodes, list) and len(nodes) > 1 else 1
+        # a multi-node instance: pipeline parallel across its nodes unless pinned
+        pp = options.get("pipeline_parallel_size") or count
         return cls(
             index=i,
-            where=label(i, inst),
+            where=where or label(i, inst),
             raw=inst,
             engine=inst.get("engine", "vllm"),
             accelerator=inst.get("accelerator", "nvidia"),
             options=options,
             gpus=gpus,
-            tp=options.get("tensor_parallel_size") or default_tensor_parallel_size(inst, gpus, pp),
+            tp=options.get("tensor_parallel_size") or default_tensor_parallel_size(inst, gpus, pp, count),
             pp=pp,
+            nodes=count,
         )
 
 
-def validate(instances, gpu=None, models=None, host=None, defaults=None) -> List[str]:
+def validate(instances, gpu=None, models=None, host=None, defaults=None, members=None) -> List[str]:
     """All errors in the instance list, as sentences. Empty list = every instance is valid.
 
     gpu: gpufleet_gpu facts; models: {path: {"exists": bool, "config": text|None}};
-    host: {"numa_nodes": [...]} (unused here, kept for the callers' symmetry);
-    defaults: the role's settings, of which `images` (engine_images) is checked.
+    host: {"name": inventory name, "hosts": the gpu hosts} for multi-node instances;
+    defaults: the role's settings, of which `images` (engine_images) is checked;
+    members: the multi-node instances this host joins as a worker (_engine_group.memberships):
+    checked for what they take on this host (a name, GPUs).
     """
     if not isinstance(instances, list):
         return ["gpufleet_engines must be a list of engine instances, got %s." % type(instances).__name__]
@@ -132,6 +141,14 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None) -> List
             continue
         one = Instance.of(i, inst)
         for check in CHECKS:
+            errors.extend(check(one, seen))
+        errors.extend(_group(one, host or {}))
+    for j, member in enumerate(members or []):
+        inst = member["instance"]
+        where = "%s's multi-node instance %s (node rank %d here)" % (member["group"]["leader"], inst.get("name"),
+                                                                     member["rank"])  # fmt: skip
+        one = Instance.of(len(instances) + j, inst, where=where)
+        for check in (_name, _gpus):
             errors.extend(check(one, seen))
     errors.extend(_surge_ports(instances))
     errors.extend(_downloads((defaults or {}).get("downloads") or []))
@@ -469,11 +486,20 @@ def _gpus(one: Instance, seen: Host) -> List[str]:
     if len(set(one.gpus)) != len(one.gpus):
         errors.append("%s.gpus=%r lists a GPU twice." % (one.where, one.gpus))
     tp, pp = one.tp, one.pp
-    if is_type(tp, int) and is_type(pp, int) and one.gpus and len(one.gpus) != tp * pp:
-        errors.append(
-            "%s: %d GPU(s) given but tensor_parallel_size x pipeline_parallel_size = %d x %d = %d; "
-            "they must match." % (one.where, len(one.gpus), tp, pp, tp * pp)
-        )
+    if is_type(tp, int) and is_type(pp, int) and one.gpus and len(one.gpus) * one.nodes != tp * pp:
+        if one.nodes > 1:
+            errors.append(
+                "%s: %d GPU(s) on each of its %d nodes (%d in all) but tensor_parallel_size x pipeline_parallel_size "
+                "= %d x %d = %d; they must match (the usual layout: tensor_parallel_size %d within a node, "
+                "pipeline_parallel_size %d across the nodes)."
+                % (one.where, len(one.gpus), one.nodes, len(one.gpus) * one.nodes, tp, pp, tp * pp,
+                   len(one.gpus), one.nodes)
+            )  # fmt: skip
+        else:
+            errors.append(
+                "%s: %d GPU(s) given but tensor_parallel_size x pipeline_parallel_size = %d x %d = %d; "
+                "they must match." % (one.where, len(one.gpus), tp, pp, tp * pp)
+            )
     return errors
 
 
@@ -527,6 +553,79 @@ def _cpu_instance(one: Instance, seen: Host) -> List[str]:
     cpus = one.raw.get("cpus")
     if cpus is not None and (not isinstance(cpus, str) or not CPU_LIST.fullmatch(cpus)):
         errors.append("%s.cpus=%r must be a CPU list like '0-7' or '0-3,8-11'." % (one.where, cpus))
+    return errors
+
+
+# ---------------------------------------------------------------- multi-node
+
+
+def _group(one: Instance, host: dict) -> List[str]:
+    """nodes, master_port and cross_node_tensor_parallel of a multi-node instance (one written
+    in this host's gpufleet_engines: this host is its leader)."""
+    raw = one.raw
+    errors = []
+    if "cross_node_tensor_parallel" in raw and not isinstance(raw["cross_node_tensor_parallel"], bool):
+        errors.append(
+            "%s.cross_node_tensor_parallel=%r must be true or false." % (one.where, raw["cross_node_tensor_parallel"])
+        )
+    if "nodes" not in raw:
+        for key in ("master_port", "cross_node_tensor_parallel"):
+            if key in raw:
+                errors.append("%s.%s applies to a multi-node instance only (one with nodes)." % (one.where, key))
+        return errors
+    nodes = raw["nodes"]
+    me = host.get("name")
+    if (
+        not isinstance(nodes, list)
+        or len(nodes) < 2
+        or not all(isinstance(n, str) and n for n in nodes)
+        or len(set(nodes)) != len(nodes)
+    ):
+        errors.append(
+            "%s.nodes=%r must list two or more different inventory hosts, the leader (this host) first, e.g. "
+            "[%s, gpu02]." % (one.where, nodes, me or "gpu01")
+        )
+        return errors
+    if me and nodes[0] != me:
+        errors.append(
+            "%s.nodes=%r starts with %s, but the instance is written in %s's gpufleet_engines: write a multi-node "
+            "instance in its leader's gpufleet_engines and list the leader first." % (one.where, nodes, nodes[0], me)
+        )
+    known = host.get("hosts")
+    missing = [n for n in nodes if known is not None and n not in known]
+    if missing:
+        errors.append(
+            "%s.nodes: %s %s not in the gpu_hosts group of the inventory; every node of a multi-node instance is a "
+            "gpu host." % (one.where, ", ".join(missing), "is" if len(missing) == 1 else "are")
+        )
+    port = raw.get("master_port", DEFAULT_MASTER_PORT)
+    if not is_type(port, int) or not 1024 <= port <= 65535:
+        errors.append(
+            "%s.master_port=%r must be an integer from 1024 to 65535 (the leader's rendezvous port, default %d)."
+            % (one.where, port, DEFAULT_MASTER_PORT)
+        )
+    elif port in (raw.get("port"), surge_port(raw)):
+        errors.append("%s.master_port=%d is the instance's own port or its surge copy's; give it another."
+                      % (one.where, port))  # fmt: skip
+    tp, pp = one.tp, one.pp
+    if is_type(tp, int) and is_type(pp, int) and (tp * pp) % one.nodes:
+        errors.append(
+            "%s: tensor_parallel_size x pipeline_parallel_size = %d x %d = %d ranks cannot be spread evenly over %d "
+            "nodes; the engine needs the same number of ranks on every node." % (one.where, tp, pp, tp * pp,
+                                                                                 one.nodes)
+        )  # fmt: skip
+    elif (
+        is_type(tp, int)
+        and is_type(pp, int)
+        and tp > tp * pp // one.nodes
+        and not raw.get("cross_node_tensor_parallel")
+    ):
+        errors.append(
+            "%s: tensor_parallel_size=%d spans nodes (%d rank(s) per node): every layer's all-reduce would cross the "
+            "network. Keep tensor_parallel_size within a node and set pipeline_parallel_size to the node count "
+            "(%d), or set cross_node_tensor_parallel: true if the network is made for it (NVLink across nodes, "
+            "or a CPU lab)." % (one.where, tp, tp * pp // one.nodes, one.nodes)
+        )
     return errors
 
 

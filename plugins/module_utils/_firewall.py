@@ -6,7 +6,8 @@
 A gpu host opens SSH and its proxy's public port (the TLS port when proxy_tls is on, else
 the plain one), and its monitoring listener only to the monitoring hosts when that listener
 is not on loopback; an edge host opens SSH and its edge's public port. With monitoring hosts,
-the exporters' ports (node, nginx, DCGM) open to them only. Everything else that
+the exporters' ports (node, nginx, DCGM) open to them only. A node of a multi-node engine
+instance opens to the instance's other nodes. Everything else that
 arrives is dropped: engine ports, the engines' internal sockets, Docker's, anything a later
 package opens. Read by the firewall role (its preflight and its nftables table).
 """
@@ -120,6 +121,13 @@ def plan_firewall(params, host_vars, roles):
         sources = monitoring_sources()
         if edge.get("edge_router_policy") and sources and _port(edge.get("edge_router_metrics_port")) is not None:
             rules.append({"port": edge["edge_router_metrics_port"], "sources": sources, "why": "router metrics"})
+    # a multi-node engine instance's nodes: NCCL, Gloo and torch.distributed pick their own ports
+    # (and vLLM's message queues), so a node opens every TCP port, to the group's other nodes only
+    peers = (host_vars or {}).get("engine_peers") or []
+    if "gpu_host" in roles and peers:
+        rules.append({"port": None, "sources": _sources(peers, "the addresses of this host's multi-node engine peers",
+                                                        errors),
+                      "why": "multi-node engine peers (every TCP port: NCCL, Gloo, the engine's queues)"})  # fmt: skip
     for i, entry in enumerate(params.get("allow_tcp") or []):
         where = "firewall_allow_tcp[%d]" % i
         if not isinstance(entry, dict) or _port(entry.get("port")) is None:
@@ -134,4 +142,4 @@ def plan_firewall(params, host_vars, roles):
     for rule in rules:
         rule["v4"] = [n for n in rule["sources"] if ipaddress.ip_network(n).version == 4]
         rule["v6"] = [n for n in rule["sources"] if ipaddress.ip_network(n).version == 6]
-    return {"errors": errors, "rules": rules, "ports": sorted({r["port"] for r in rules})}
+    return {"errors": errors, "rules": rules, "ports": sorted({r["port"] for r in rules if r["port"] is not None})}

@@ -63,6 +63,16 @@ CUDA_CONTEXT = 640 * MIB
 # them outside either way, which only errs towards a smaller KV cache on older releases.
 NCCL_BASE = 1792 * MIB
 NCCL_PER_PEER = 48 * MIB
+# The pipeline-parallel group's NCCL communicator (send/recv with the neighbour stages, over the
+# network between nodes) on every rank when PP > 1. An estimate, not a measurement: NCCL's
+# default 4 MiB buffer (NCCL_BUFFSIZE) per channel and peer, up to 32 channels to each of the two
+# neighbours (256 MiB), doubled for the communicator's own state and proxy buffers.
+NCCL_PP = 512 * MIB
+# A stage after the first receives the previous stage's hidden states and residual in persistent
+# buffers of max_num_batched_tokens x hidden each (vLLM v1 gpu_model_runner.py _dummy_run:
+# make_empty_intermediate_tensors, allocated in the profile run, so inside vLLM's budget). The
+# plan counts them with that stage's activations.
+PP_INTERMEDIATE_TENSORS = 2
 # Non-torch memory that grows during vLLM's profile run on one GPU (cuBLAS workspaces, the
 # attention backend's buffers): 0.25 GiB in the same report ("non-torch forward increase").
 NON_TORCH_FORWARD = 256 * MIB
@@ -103,7 +113,8 @@ MIN_CONTEXT = 8192
 
 # What a plan can be pinned with: every engine option the plan knows (either engine's name
 # of it: _engine_options.OPTIONS, those with a plan_key), and these, which only the planner reads.
-PLANNER_PINS = ("rope_scaling",)
+# cross_node_tensor_parallel: true lets tensor parallelism span nodes (refused otherwise).
+PLANNER_PINS = ("rope_scaling", "cross_node_tensor_parallel")
 # Pin values only the planner takes: quantization none (refuse a quantized checkpoint).
 PLANNER_CHOICES = {"quantization": ("none",)}
 
@@ -168,20 +179,24 @@ def capture_sizes(max_num_seqs, max_num_batched_tokens):
     return [s for s in [1, 2, 4, *list(range(8, 256, 8)), *list(range(256, 513, 16))] if s <= largest]
 
 
-def cudagraph_memory(config, tensor_parallel_size, max_num_seqs, max_num_batched_tokens, dtype_bytes):
+def cudagraph_memory(config, tensor_parallel_size, max_num_seqs, max_num_batched_tokens, dtype_bytes, layers=None):
     """CUDA graph memory per GPU, which vLLM's profiler estimates and takes from the KV
     budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default since v0.21): the pool
-    for the largest captured batch plus a per-graph, per-layer cost, FULL and PIECEWISE."""
+    for the largest captured batch plus a per-graph, per-layer cost, FULL and PIECEWISE.
+    layers: the decoder layers on this GPU (its pipeline stage's; default all)."""
     config = shape.text_config(config)
     sizes = capture_sizes(max_num_seqs, max_num_batched_tokens)
-    layers = int(config["num_hidden_layers"])
+    layers = int(layers or config["num_hidden_layers"])
     pool = activation_peak(config, tensor_parallel_size, sizes[-1], 0, dtype_bytes)
     return GRAPH_BASE + pool + 2 * len(sizes) * layers * GRAPH_PER_LAYER_PER_GRAPH
 
 
-def nccl_memory(tensor_parallel_size):
+def nccl_memory(tensor_parallel_size, pipeline_parallel_size=1):
+    """NCCL and all-reduce memory per rank: the TP group's (NCCL_BASE and a share per peer),
+    and the PP group's communicator (NCCL_PP, an estimate) when there are stages to talk to."""
     tp = int(tensor_parallel_size)
-    return 0 if tp <= 1 else NCCL_BASE + (tp - 1) * NCCL_PER_PEER
+    tp_part = 0 if tp <= 1 else NCCL_BASE + (tp - 1) * NCCL_PER_PEER
+    return tp_part + (NCCL_PP if int(pipeline_parallel_size or 1) > 1 else 0)
 
 
 def _vllm_defaults(gpu_memory_bytes, gpu_name=None):
@@ -208,20 +223,27 @@ PLAN_KEYS = (
     "enforce_eager", "engine", "engine_args", "errors", "fits", "gpu_memory_bytes", "gpu_memory_bytes_total",
     "gpu_memory_utilization", "gpus", "kv_bytes_per_token_per_gpu", "kv_cache_bytes_per_gpu", "kv_cache_dtype",
     "kv_cache_tokens", "level", "max_concurrency", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
-    "model", "non_torch_bytes_per_gpu", "options", "outside_bytes_per_gpu", "quantization", "reasons",
-    "shortfall_bytes_per_gpu", "target_concurrency", "tensor_parallel_size", "warnings", "weights_bytes_per_gpu",
-    "weights_host_bytes",
+    "model", "nodes", "non_torch_bytes_per_gpu", "options", "outside_bytes_per_gpu", "pipeline_parallel_size",
+    "pipeline_stage_layers", "quantization", "reasons", "shortfall_bytes_per_gpu", "target_concurrency",
+    "tensor_parallel_size", "warnings", "weights_bytes_per_gpu", "weights_host_bytes",
 )  # fmt: skip
 
 
-def plan_memory(config, gpus=1, gpu_memory_bytes=None, engine="vllm", accelerator="nvidia", **kwargs):
+def plan_memory(config, gpus=1, gpu_memory_bytes=None, engine="vllm", accelerator="nvidia", nodes=1, **kwargs):
     """The memory plan for one engine instance (see _plan_memory), with every key of PLAN_KEYS:
-    one shape for every case, None where a key does not apply."""
-    plan = _plan_memory(config, gpus, gpu_memory_bytes, engine, accelerator, **kwargs)
+    one shape for every case, None where a key does not apply. gpus: GPUs per node; nodes:
+    the hosts the instance spans (tensor parallel within a node, pipeline parallel across)."""
+    plan = _plan_memory(config, gpus, gpu_memory_bytes, engine, accelerator, nodes=nodes, **kwargs)
+    return _shaped(plan, accelerator, nodes)
+
+
+def _shaped(plan, accelerator, nodes):
     out = dict.fromkeys(PLAN_KEYS)
     out.update(plan)
     if out["accelerator"] is None:
         out["accelerator"] = accelerator
+    if out["nodes"] is None:
+        out["nodes"] = int(nodes or 1)
     return out
 
 
@@ -235,28 +257,35 @@ def _plan_memory(
     concurrency=None,
     kv_space_bytes=None,
     gpu_name=None,
+    nodes=1,
+    suggest=True,
 ):
     """The memory plan for one engine instance. Returns a dict with `fits`, `errors`,
     `warnings`, `reasons`, `options` (the engine options to pass) and `engine_args` (the
     same in the engine's own flags), and the figures behind them (see _budget).
 
     config: a config.json dict (load with _model_shape.load_model_config); gpus: how many GPUs
-    the instance may use; gpu_memory_bytes: memory of each (the smallest when they differ);
-    pins: engine options the user fixed (either engine's names) and PLANNER_PINS; concurrency: how many
-    full-length requests must fit at once (default: max_num_seqs when pinned, else 8);
-    kv_space_bytes: the KV cache space of a CPU instance.
+    the instance may use on each node; nodes: how many hosts it spans; gpu_memory_bytes: memory
+    of each GPU (the smallest when they differ); pins: engine options the user fixed (either
+    engine's names) and PLANNER_PINS; concurrency: how many full-length requests must fit at
+    once (default: max_num_seqs when pinned, else 8); kv_space_bytes: the KV cache space of a
+    CPU instance (per rank). suggest: when nothing fits, plan again with more nodes, FP8 and a
+    shorter context, and name what fits (off in those plans themselves).
     """
     pins = _pins(pins)
     errors, warnings, reasons = [], [], []
+    nodes = int(nodes or 1)
+    if nodes < 1:
+        raise PlanInputError("nodes=%d: an instance runs on at least 1 node" % nodes)
     if accelerator == "cpu":
-        return _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reasons)
+        return _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reasons, nodes)
     if not gpu_memory_bytes or gpu_memory_bytes <= 0:
         raise PlanInputError("the GPU memory size is unknown; give it (gpu_memory_gib)")
     gpus = int(gpus or 1)
     try:
         quant = shape.quantization_of(config, pins.get("quantization"))
     except shape.ModelConfigError as exc:
-        return _refused(config, pins, engine, ["quantization: %s." % exc], gpus, gpu_memory_bytes)
+        return _refused(config, pins, engine, ["quantization: %s." % exc], gpus, gpu_memory_bytes, nodes)
     dtype = shape.weight_dtype(config, quant, pins.get("dtype", "auto"), on_gpu=True)
     kv_dtype = pins.get("kv_cache_dtype", "auto")
     block = BLOCK_SIZE[(engine, accelerator)]
@@ -279,22 +308,31 @@ def _plan_memory(
     target = int(concurrency or pins.get("max_num_seqs") or DEFAULT_CONCURRENCY)
 
     heads, _kv_heads, _head_dim = shape.attention_shape(config)
+    pp = _pipeline_size(pins, nodes)
+    cross = bool(pins.get("cross_node_tensor_parallel"))
     if pins.get("tensor_parallel_size"):
         candidates = [int(pins["tensor_parallel_size"])]
-        errors.extend(shape.parallel_errors(config, candidates[0], 1, where="tensor_parallel_size", engine=engine))
-        if candidates[0] > gpus:
-            errors.append(
-                "tensor_parallel_size=%d needs %d GPUs, but the instance has %d; give it more GPUs or lower TP."
-                % (candidates[0], candidates[0], gpus)
-            )
+        errors.extend(shape.parallel_errors(config, candidates[0], pp, where="tensor_parallel_size", engine=engine))
+        errors.extend(_node_errors(candidates[0], pp, nodes, gpus, cross))
     else:
-        candidates = [n for n in range(1, gpus + 1) if not shape.parallel_errors(config, n, 1)]
-        if not candidates:
+        candidates = [
+            n
+            for n in range(1, gpus * nodes + 1)
+            if not shape.parallel_errors(config, n, pp) and not _node_errors(n, pp, nodes, gpus, cross)
+        ]
+        if not candidates and nodes == 1 and pp == 1:
             errors.append(
                 "no tensor_parallel_size from 1 to %d divides the model's %d attention heads." % (gpus, heads)
             )
+        elif not candidates:
+            why = shape.parallel_errors(config, 1, pp, engine=engine)
+            why = why or _node_errors(min(gpus, heads), pp, nodes, gpus, cross)
+            errors.append(
+                "no tensor_parallel_size from 1 to %d fits pipeline_parallel_size=%d on %d x %d GPUs: %s"
+                % (gpus * nodes, pp, nodes, gpus, " ".join(why) or "none divides the model's %d heads." % heads)
+            )
     if errors:
-        return _refused(config, pins, engine, errors, gpus, gpu_memory_bytes)
+        return _refused(config, pins, engine, errors, gpus, gpu_memory_bytes, nodes, pp)
 
     eager_options = [pins["enforce_eager"]] if "enforce_eager" in pins else [False, True]
     layout = Layout(
@@ -311,22 +349,95 @@ def _plan_memory(
         pinned_len=pinned_len,
         target=target,
         pins=pins,
+        pp=pp,
     )
     tried = [_budget(layout, tp, eager) for tp in candidates for eager in eager_options]
     result, why = _choose(tried, pins, target)
     reasons.extend(why)
-    _explain(result, engine, pins, limit, target, gpus, warnings)
+    _explain(result, engine, pins, limit, target, gpus, warnings, nodes)
     errors.extend(result["errors"])
     warnings.extend(result["warnings"])
+    if suggest and result["level"] <= 1:
+        errors.append(
+            _what_would_fit(
+                config, result, gpus, gpu_memory_bytes, engine, nodes, pins, concurrency=concurrency, gpu_name=gpu_name
+            )
+        )
     result["reasons"] = reasons + result["reasons"]
     result["errors"], result["warnings"] = errors, warnings
     result["fits"] = not errors
     result["gpus"] = gpus
+    result["nodes"] = nodes
     result["gpu_memory_bytes"] = int(gpu_memory_bytes)
     result["model"] = _model_summary(config, quant, dtype, limit)
     result["options"] = _options(result, engine, pins)
     result["engine_args"] = engine_flags(result["options"], engine)
     return result
+
+
+def _pipeline_size(pins, nodes):
+    """Pipeline stages: the pin; else 1 where the user lets tensor parallelism span the nodes
+    (a pinned TP with cross_node_tensor_parallel); else one stage per node."""
+    if pins.get("pipeline_parallel_size"):
+        return int(pins["pipeline_parallel_size"])
+    if pins.get("cross_node_tensor_parallel") and pins.get("tensor_parallel_size"):
+        return 1
+    return int(nodes)
+
+
+def _node_errors(tp, pp, nodes, gpus, cross):
+    """The rules a TP x PP layout over `nodes` hosts of `gpus` GPUs each must meet (gpus None:
+    a CPU instance, whose ranks per host the planner does not limit).
+
+    - vLLM (vllm/config/parallel.py ParallelConfig.__post_init__, nnodes > 1): the world size
+      TP x PP must divide by the node count; each node runs world / nnodes consecutive ranks,
+      TP ranks first (rank = pp_rank x TP + tp_rank), and needs a GPU for each.
+    - So a tensor-parallel group stays within one node when TP <= the GPUs of a node and PP
+      is a multiple of the nodes; otherwise every layer's all-reduce crosses the network,
+      which the plan refuses unless cross_node_tensor_parallel is pinned.
+    """
+    world = tp * pp
+    if nodes == 1:
+        if not gpus or world <= gpus:
+            return []
+        if pp == 1:
+            return [
+                "tensor_parallel_size=%d needs %d GPUs, but the instance has %d; give it more GPUs or lower TP."
+                % (tp, tp, gpus)
+            ]
+        return [
+            "tensor_parallel_size x pipeline_parallel_size = %d x %d needs %d GPUs, but the instance has %d; "
+            "give it more GPUs or lower TP or PP." % (tp, pp, world, gpus)
+        ]
+    crosses = tp > 1 and (bool(gpus and tp > gpus) or pp % nodes != 0)
+    if crosses and not cross:
+        return [
+            "tensor_parallel_size=%d with pipeline_parallel_size=%d on %d nodes%s puts one tensor-parallel group on "
+            "more than one node: every layer's all-reduce would cross the network between them. Use "
+            "tensor_parallel_size of at most %s and pipeline_parallel_size=%d (one stage per node), or pin "
+            "cross_node_tensor_parallel: true to run it anyway."
+            % (
+                tp,
+                pp,
+                nodes,
+                " of %d GPUs" % gpus if gpus else "",
+                "%d (the GPUs of one node)" % gpus if gpus else "the ranks of one node",
+                nodes,
+            )
+        ]
+    if world % nodes:
+        return [
+            "tensor_parallel_size x pipeline_parallel_size = %d x %d = %d ranks do not divide over %d nodes; vLLM "
+            "needs the world size to be a multiple of the node count (vllm/config/parallel.py). Use TP x PP = a "
+            "multiple of %d." % (tp, pp, world, nodes, nodes)
+        ]
+    if gpus and world // nodes > gpus:
+        return [
+            "tensor_parallel_size x pipeline_parallel_size = %d x %d = %d ranks over %d nodes is %d per node, but a "
+            "node has %d GPUs; lower TP or PP, or give the instance more nodes."
+            % (tp, pp, world, nodes, world // nodes, gpus)
+        ]
+    return []
 
 
 @dataclass(frozen=True)
@@ -347,25 +458,42 @@ class Layout:
     pinned_len: object  # the pinned max_model_len, or None
     target: int  # full-length requests the plan aims to fit at once
     pins: dict
+    pp: int = 1  # pipeline stages
 
 
 def _budget(layout, tp, eager):
-    """One GPU's budget at tensor-parallel size `tp`, with CUDA graphs unless `eager`."""
+    """One GPU's budget at tensor-parallel size `tp`, with CUDA graphs unless `eager`: with
+    pipeline parallelism, that of the stage with the fewest KV tokens. vLLM gives every worker
+    the same number of KV blocks, the fewest any of them has room for (v1/core/kv_cache_utils.py
+    get_kv_cache_configs), so that stage decides; among stages with no room, the one furthest short."""
+    stages = [_stage_budget(layout, tp, eager, stage) for stage in range(layout.pp)]
+    return min(
+        stages,
+        key=lambda r: (r["kv_cache_tokens"], -r.get("shortfall_bytes_per_gpu", 0), -r["weights_bytes_per_gpu"]),
+    )
+
+
+def _stage_budget(layout, tp, eager, stage=0):
+    """The budget of one GPU of pipeline stage `stage` (the only one without PP)."""
     config, engine, dtype, kv_dtype = layout.config, layout.engine, layout.dtype, layout.kv_dtype
     quant, block, total, tokens, seqs = layout.quant, layout.block, layout.total, layout.tokens, layout.seqs
-    limit, pinned_len, target, pins = layout.limit, layout.pinned_len, layout.target, layout.pins
+    limit, pinned_len, target, pins, pp = layout.limit, layout.pinned_len, layout.target, layout.pins, layout.pp
     dbytes = shape.DTYPE_BYTES[dtype]
-    weights = shape.weights_per_gpu(config, tp, dtype, quant)["total"]
+    _start, layers, first, _last = shape.pp_stage(config, pp, stage)
+    weights = shape.weights_per_gpu(config, tp, dtype, quant, pp, stage)["total"]
+    # The sampler's dummy run happens only on the last stage; the peak counts it on every stage,
+    # which errs towards a smaller KV cache on the others.
     acts = activation_peak(config, tp, tokens, seqs, dbytes)
-    graphs = 0 if eager else cudagraph_memory(config, tp, seqs, tokens, dbytes)
+    if not first:  # the hidden states and residual received from the previous stage
+        acts += PP_INTERMEDIATE_TENSORS * int(tokens) * int(shape.text_config(config)["hidden_size"]) * dbytes
+    graphs = 0 if eager else cudagraph_memory(config, tp, seqs, tokens, dbytes, layers)
     if engine == "sglang" and not eager:  # captures batch sizes up to cuda_graph_max_bs, one graph each
         graphs = (
-            GRAPH_BASE
-            + activation_peak(config, tp, seqs, 0, dbytes)
-            + seqs // 8 * int(config.get("num_hidden_layers") or 0) * GRAPH_PER_LAYER_PER_GRAPH
+            GRAPH_BASE + activation_peak(config, tp, seqs, 0, dbytes) + seqs // 8 * layers * GRAPH_PER_LAYER_PER_GRAPH
         )
-    outside = CUDA_CONTEXT + nccl_memory(tp)
-    bpt = shape.kv_bytes_per_token(config, tp, kv_dtype, dtype)
+    outside = CUDA_CONTEXT + nccl_memory(tp, pp)
+    bpt = shape.kv_bytes_per_token(config, tp, kv_dtype, dtype, pp, stage)
+    label = "TP=%d" % tp if pp == 1 else "TP=%d x PP=%d (stage %d of %d, %d layers)" % (tp, pp, stage + 1, pp, layers)
     errors, warnings, reasons = [], [], []
     pinned_util = pins.get("gpu_memory_utilization")
     if engine == "vllm":
@@ -409,6 +537,8 @@ def _budget(layout, tp, eager):
     result = {
         "engine": engine,
         "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "pipeline_stage_layers": shape.pp_stage_layers(shape.attention_shape(config)[2], pp),
         "enforce_eager": eager,
         "dtype": dtype,
         "kv_cache_dtype": kv_dtype,
@@ -439,10 +569,10 @@ def _budget(layout, tp, eager):
         shortfall = need + bpt * block - total * util
         result["shortfall_bytes_per_gpu"] = int(max(shortfall, 0))
         result["errors"].append(
-            "TP=%d: the weights (%s per GPU)%s leave no room for the KV cache in the %s budget (%s x %s); "
+            "%s: the weights (%s per GPU)%s leave no room for the KV cache in the %s budget (%s x %s); "
             "short by %s. %s"
             % (
-                tp,
+                label,
                 _gib(weights),
                 " with activations and CUDA graphs (%s)" % _gib(inside) if inside else "",
                 engine,
@@ -468,10 +598,10 @@ def _budget(layout, tp, eager):
     if kv_tokens < blocks_per_request * block:
         result["level"] = 1
         result["errors"].append(
-            "TP=%d: one request at max_model_len=%d needs %s of KV cache per GPU, but only %s is left (%d tokens); "
+            "%s: one request at max_model_len=%d needs %s of KV cache per GPU, but only %s is left (%d tokens); "
             "vLLM refuses to start. The longest that fits is %d tokens: lower max_model_len%s."
             % (
-                tp,
+                label,
                 mml,
                 _gib(blocks_per_request * block * bpt),
                 _gib(kv),
@@ -489,10 +619,11 @@ def _budget(layout, tp, eager):
     return result
 
 
-def _explain(r, engine, pins, limit, target, gpus, warnings):
+def _explain(r, engine, pins, limit, target, gpus, warnings, nodes=1):
     """Reasons for the chosen values, and warnings for a plan that serves but falls short."""
     reasons = r["reasons"]
-    tp = r["tensor_parallel_size"]
+    tp, pp = r["tensor_parallel_size"], r["pipeline_parallel_size"]
+    of = "%d GPUs" % gpus if nodes == 1 else "%d GPUs per node" % gpus
     if "tensor_parallel_size" not in pins:
         reasons.insert(
             0,
@@ -500,14 +631,36 @@ def _explain(r, engine, pins, limit, target, gpus, warnings):
             % (
                 tp,
                 "the only choice on 1 GPU"
-                if gpus == 1
-                else "the smallest of %d GPUs that meets the target" % gpus
+                if gpus == 1 and nodes == 1
+                else "the smallest of %s that meets the target" % of
                 if r["level"] == 3
-                else "the size of %d GPUs with the most KV room" % gpus
+                else "the size of %s with the most KV room" % of
                 if r["level"] > 0
-                else "of %d GPUs the closest to fitting, and still %s short per GPU"
-                % (gpus, _gib(r.get("shortfall_bytes_per_gpu", 0))),
+                else "of %s the closest to fitting, and still %s short per GPU"
+                % (of, _gib(r.get("shortfall_bytes_per_gpu", 0))),
             ),
+        )
+    if pp > 1 or nodes > 1:
+        stages = "/".join(str(n) for n in r["pipeline_stage_layers"])
+        reasons.insert(
+            1 if "tensor_parallel_size" not in pins else 0,
+            "pipeline_parallel_size=%d: %s; stages of %s layers (vLLM's split, get_pp_indices), the per-GPU figures "
+            "are the stage with the fewest KV tokens."
+            % (
+                pp,
+                "pinned"
+                if "pipeline_parallel_size" in pins
+                else "one stage per node: tensor parallel within a node, only the hidden states between stages "
+                "cross the network"
+                if pp == nodes
+                else "tensor parallel spans the nodes",
+                stages,
+            ),
+        )
+    if nodes > 1 and tp > 1 and (tp > gpus or pp % nodes):
+        reasons.append(
+            "tensor_parallel_size=%d spans %d nodes (cross_node_tensor_parallel): every layer's all-reduce crosses "
+            "the network, slower than TP within a node and PP across nodes." % (tp, nodes)
         )
     util_key = "gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static"
     if "gpu_memory_utilization" not in pins:
@@ -570,6 +723,58 @@ def _more_memory_hint(config, pins):
     if not (config.get("quantization_config") or pins.get("quantization")):
         hints.append("use a quantized checkpoint (AWQ/GPTQ 4-bit, FP8)")
     return "Fix: %s." % " or ".join(hints)
+
+
+def _what_would_fit(config, result, gpus, gpu_memory_bytes, engine, nodes, pins, **kwargs):
+    """One sentence for a plan that does not fit: what does, computed by planning again with
+    more nodes of the same GPUs (up to 4x as many), FP8 weights (vLLM's online quantization of a
+    16-bit checkpoint), an FP8 KV cache where the weights fit but the KV cache does not, and the
+    longest context that fits as it is."""
+    fixes = []
+
+    def plan(nodes_, **more):
+        again = dict(pins, **more)
+        if nodes_ != nodes:
+            again.pop("pipeline_parallel_size", None)
+        return _plan_memory(
+            config, gpus, gpu_memory_bytes, engine, "nvidia", pins=again, nodes=nodes_, suggest=False, **kwargs
+        )
+
+    def figures(p):
+        return "TP %d x PP %d: %d KV tokens, max_model_len %d" % (
+            p["tensor_parallel_size"],
+            p["pipeline_parallel_size"],
+            p["kv_cache_tokens"],
+            p["max_model_len"],
+        )
+
+    most = 4 * nodes
+    for n in range(nodes + 1, most + 1):
+        p = plan(n)
+        if p["fits"]:
+            fixes.append("%d nodes of %d GPUs (%s)" % (n, gpus, figures(p)))
+            break
+    on = "on %d node%s" % (nodes, "s" if nodes > 1 else "")
+    if result["quantization"] is None and pins.get("quantization") in (None, "auto"):
+        p = plan(nodes, quantization="fp8")
+        if p["fits"]:
+            fixes.append("quantization fp8 %s (FP8 weights, %s)" % (on, figures(p)))
+    if (
+        result["level"] == 1
+        and result["kv_cache_dtype"] in (None, "auto")
+        and result["dtype"] in ("bfloat16", "float16")
+    ):
+        p = plan(nodes, kv_cache_dtype="fp8")
+        if p["fits"]:
+            fixes.append("kv_cache_dtype fp8 %s (%s)" % (on, figures(p)))
+    if result["level"] == 1 and result["kv_cache_tokens"] >= result["block_size"]:
+        fixes.append("max_model_len %d or less %s" % (result["kv_cache_tokens"], on))
+    if fixes:
+        return "What would fit: %s." % "; or ".join(fixes)
+    return (
+        "Nothing the plan tried fits: not %d to %d nodes of %d GPUs%s; use GPUs with more memory, or a smaller or "
+        "quantized model." % (nodes, most, gpus, ", nor FP8 weights" if result["quantization"] is None else "")
+    )
 
 
 def _floor2(x):
@@ -651,7 +856,7 @@ def _choose(tried, pins, target):
     return best, why
 
 
-def _refused(config, pins, engine, errors, gpus, gpu_memory_bytes):
+def _refused(config, pins, engine, errors, gpus, gpu_memory_bytes, nodes=1, pp=None):
     """A plan that cannot be made (its errors say why)."""
     try:
         summary = _model_summary(
@@ -662,13 +867,15 @@ def _refused(config, pins, engine, errors, gpus, gpu_memory_bytes):
     return {
         "engine": engine,
         "gpus": gpus,
-        "gpu_memory_bytes": int(gpu_memory_bytes),
+        "nodes": nodes,
+        "gpu_memory_bytes": int(gpu_memory_bytes) if gpu_memory_bytes else None,
         "model": summary,
         "fits": False,
         "errors": errors,
         "warnings": [],
         "reasons": [],
         "tensor_parallel_size": pins.get("tensor_parallel_size"),
+        "pipeline_parallel_size": pp or pins.get("pipeline_parallel_size"),
         "weights_bytes_per_gpu": None,
         "kv_bytes_per_token_per_gpu": None,
         "kv_cache_tokens": 0,
@@ -701,6 +908,7 @@ def _options(result, engine, pins):
         return {}
     chosen = {
         "tensor_parallel_size": result["tensor_parallel_size"],
+        "pipeline_parallel_size": result["pipeline_parallel_size"] if result["pipeline_parallel_size"] > 1 else None,
         "max_model_len": result["max_model_len"],
         # SGLang sizes its request pool itself: the plan's max_num_seqs there is the largest
         # CUDA-graph batch, so only a pinned value is passed on.
@@ -720,15 +928,34 @@ def _options(result, engine, pins):
     return opts
 
 
-def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reasons):
-    """vLLM's CPU backend: the KV cache is exactly VLLM_CPU_KVCACHE_SPACE, in 128-token
-    blocks; the weights live in host memory outside that space."""
+def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reasons, nodes=1):
+    """vLLM's CPU backend: the KV cache is exactly VLLM_CPU_KVCACHE_SPACE on every rank, in
+    128-token blocks; the weights live in host memory outside that space. A pinned
+    tensor_parallel_size / pipeline_parallel_size and the nodes follow the GPU rules
+    (_node_errors), without a limit on the ranks per host; each rank's KV bytes per token are
+    its TP share of the KV heads over its stage's layers."""
     if not kv_space_bytes:
         raise PlanInputError("a CPU instance needs its KV cache space (kv_cache_space_gib)")
     dtype = shape.model_dtype(config, pins.get("dtype", "auto"))
     kv_dtype = pins.get("kv_cache_dtype", "auto")
     block = BLOCK_SIZE[("vllm", "cpu")]
-    bpt = shape.kv_bytes_per_token(config, 1, kv_dtype, dtype)
+    tp = int(pins.get("tensor_parallel_size") or 1)
+    pp = _pipeline_size(pins, nodes)
+    refused = shape.parallel_errors(config, tp, pp, where="tensor_parallel_size") + _node_errors(
+        tp, pp, nodes, None, bool(pins.get("cross_node_tensor_parallel"))
+    )
+    if refused:
+        plan = _refused(config, pins, "vllm", refused, None, None, nodes, pp)
+        plan.update(accelerator="cpu", gpus=None, tensor_parallel_size=tp)
+        return plan
+    # the rank with the most KV bytes per token (the largest stage) holds the fewest tokens
+    bpt = max(shape.kv_bytes_per_token(config, tp, kv_dtype, dtype, pp, s) for s in range(pp))
+    if pp > 1 and nodes > 1:
+        warnings.append(
+            "pipeline_parallel_size=%d across %d nodes: vLLM's CPU build has failed pipeline parallelism across "
+            "nodes in the lab; pin tensor_parallel_size=%d with cross_node_tensor_parallel: true instead."
+            % (pp, nodes, nodes)
+        )
     tokens = shape.kv_cache_tokens(kv_space_bytes, bpt, block)
     limit = model_max_len(config, pins.get("rope_scaling"))
     target = int(concurrency or pins.get("max_num_seqs") or DEFAULT_CONCURRENCY)
@@ -754,16 +981,23 @@ def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reaso
             "%d requests at max_model_len=%d need %d KV tokens; the cache holds %d (%.2f at full length)."
             % (target, mml, mml * target, tokens, tokens / float(mml))
         )
+    stages = shape.pp_stage_layers(shape.attention_shape(config)[2], pp)
+    if tp * pp == 1:  # host memory the weights take beside the KV space (unquantized: parameters x dtype)
+        host = shape.parameter_count(config) * shape.DTYPE_BYTES.get(dtype, 2)
+    else:  # per rank: its TP share of its stage
+        host = max(shape.weights_per_gpu(config, tp, dtype, None, pp, s)["total"] for s in range(pp))
     result = {
         "engine": "vllm",
         "accelerator": "cpu",
-        "tensor_parallel_size": 1,
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "pipeline_stage_layers": stages,
+        "nodes": nodes,
         "dtype": dtype,
         "kv_cache_dtype": kv_dtype,
         "block_size": block,
         "weights_bytes_per_gpu": None,
-        # host memory the weights take beside the KV space (unquantized: parameters x dtype)
-        "weights_host_bytes": int(shape.parameter_count(config) * shape.DTYPE_BYTES.get(dtype, 2)),
+        "weights_host_bytes": int(host),
         "kv_cache_bytes_per_gpu": int(kv_space_bytes),
         "kv_bytes_per_token_per_gpu": int(bpt),
         "kv_cache_tokens": int(tokens),
@@ -777,6 +1011,8 @@ def _plan_cpu(config, pins, concurrency, kv_space_bytes, errors, warnings, reaso
         "enforce_eager": pins.get("enforce_eager", False),
     }
     result["options"] = {"max_model_len": int(mml)} if not errors else {}
+    if result["options"] and pp > 1:
+        result["options"]["pipeline_parallel_size"] = pp
     result["engine_args"] = engine_flags(result["options"], "vllm")
     result["model"] = _model_summary(config, {"method": None}, dtype, limit)
     return result

@@ -134,6 +134,32 @@ def kv_heads_per_gpu(config, tensor_parallel_size):
     return max(1, kv_heads // int(tensor_parallel_size))
 
 
+def pp_stage_layers(layers, pipeline_parallel_size=1):
+    """Decoder layers per pipeline stage, first stage first, as vLLM splits them
+    (vllm/distributed/utils.py get_pp_indices, without VLLM_PP_LAYER_PARTITION): every stage
+    gets layers // PP; the remainder goes one each to the stages before the last, from the
+    second-to-last backwards (the last stage already holds the final norm and lm_head, the
+    first the embedding). 126 layers over 4 stages: [31, 32, 32, 31]; 61 over 2: [31, 30].
+    Raises ModelConfigError when PP exceeds the layers (a stage would be empty)."""
+    layers, pp = int(layers), int(pipeline_parallel_size or 1)
+    if pp < 1 or pp > layers:
+        raise ModelConfigError("pipeline_parallel_size=%d is more than the model's %d hidden layers" % (pp, layers))
+    stages = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        stages[-i] += 1
+    return stages
+
+
+def pp_stage(config, pipeline_parallel_size=1, stage=0):
+    """One pipeline stage of a model: (first layer, layers, is first stage, is last stage)."""
+    _heads, _kv_heads, layers = attention_shape(config)
+    stages = pp_stage_layers(layers, pipeline_parallel_size)
+    stage = int(stage)
+    if not 0 <= stage < len(stages):
+        raise ModelConfigError("stage %d of %d pipeline stages" % (stage, len(stages)))
+    return sum(stages[:stage]), stages[stage], stage == 0, stage == len(stages) - 1
+
+
 # ---------------------------------------------------------------- KV cache
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -172,8 +198,11 @@ def head_dim(config):
     return int(config["hidden_size"]) // int(config["num_attention_heads"])
 
 
-def kv_bytes_per_token(config, tensor_parallel_size=1, kv_cache_dtype="auto", dtype="auto"):
-    """KV cache bytes one token takes on one GPU (all layers).
+def kv_bytes_per_token(
+    config, tensor_parallel_size=1, kv_cache_dtype="auto", dtype="auto", pipeline_parallel_size=1, stage=0
+):
+    """KV cache bytes one token takes on one GPU (all the layers of its pipeline stage: every
+    layer without pipeline parallelism; pp_stage_layers otherwise).
 
     - MHA/GQA: 2 (K and V) x KV heads on this rank x head_dim x bytes, per layer. KV heads
       split over TP ranks, or one replicated head per rank when TP exceeds them
@@ -184,7 +213,7 @@ def kv_bytes_per_token(config, tensor_parallel_size=1, kv_cache_dtype="auto", dt
     - kv_cache_dtype fp8 stores 1 byte per element; 'auto' uses the model dtype.
     """
     config = text_config(config)
-    layers = int(config.get("num_hidden_layers"))
+    layers = pp_stage(config, pipeline_parallel_size, stage)[1]
     kv_dtype = model_dtype(config, dtype) if kv_cache_dtype in (None, "auto") else kv_cache_dtype
     size = DTYPE_BYTES[kv_dtype]
     if config.get("kv_lora_rank"):
@@ -227,8 +256,14 @@ def moe_shape(config):
     )
 
 
-def parameter_groups(config):
-    """Parameter counts by how engines store them: {'embedding', 'lm_head', 'linear', 'other'}.
+def parameter_groups(config, pipeline_parallel_size=1, stage=0):
+    """Parameter counts by how engines store them: {'embedding', 'lm_head', 'linear', 'other'},
+    of the whole model, or of one pipeline stage (pp_stage_layers): its decoder layers (a
+    MoE model's dense leading layers fall in the first stages), the embedding on the first
+    stage, the final norm and lm_head on the last. A tied lm_head is its own copy of the
+    embedding on the last stage when PP > 1 (vLLM models/llama.py LlamaModel builds
+    embed_tokens on the first rank, and on the last when tie_word_embeddings, for the lm_head
+    to share); it counts under 'embedding' there.
 
     Llama-style decoder layers: attention projections (q, k, v, o; MLA's low-rank q/kv
     projections for DeepSeek V2/V3), a SwiGLU MLP of three matrices, or a mixture of experts
@@ -238,7 +273,7 @@ def parameter_groups(config):
     """
     config = text_config(config)
     hidden = int(config["hidden_size"])
-    layers = int(config["num_hidden_layers"])
+    start, layers, first, last = pp_stage(config, pipeline_parallel_size, stage)
     heads = int(config["num_attention_heads"])
     vocab = int(config["vocab_size"])
     if config.get("kv_lora_rank"):
@@ -258,18 +293,20 @@ def parameter_groups(config):
     moe = moe_shape(config)
     if moe:
         experts, inter, shared, dense_layers = moe
-        expert_layers = layers - dense_layers
-        mlp = dense_layers * dense_mlp + expert_layers * (experts + shared) * 3 * hidden * inter
+        dense_here = max(0, min(start + layers, dense_layers) - start)  # this stage's dense leading layers
+        expert_layers = layers - dense_here
+        mlp = dense_here * dense_mlp + expert_layers * (experts + shared) * 3 * hidden * inter
         router = expert_layers * hidden * experts
     else:
         mlp, router = layers * dense_mlp, 0
-    embedding = vocab * hidden
-    lm_head = 0 if config.get("tie_word_embeddings") else vocab * hidden
+    tied = bool(config.get("tie_word_embeddings"))
+    embedding = vocab * hidden if first or (tied and last) else 0
+    lm_head = vocab * hidden if last and not tied else 0
     return {
         "embedding": embedding,
         "lm_head": lm_head,
         "linear": layers * attention + mlp,
-        "other": layers * (2 * hidden + attn_other) + hidden + router,
+        "other": layers * (2 * hidden + attn_other) + (hidden if last else 0) + router,
     }
 
 
@@ -376,9 +413,11 @@ def padded_vocab(vocab):
     return -(-int(vocab) // VOCAB_PADDING) * VOCAB_PADDING
 
 
-def weights_per_gpu(config, tensor_parallel_size=1, dtype="auto", quantization=None):
+def weights_per_gpu(config, tensor_parallel_size=1, dtype="auto", quantization=None, pipeline_parallel_size=1, stage=0):
     """Bytes of weights one TP rank holds, by part: {'linear', 'embedding', 'lm_head', 'other',
-    'rotary', 'total'}.
+    'rotary', 'total'}; with pipeline parallelism, a rank of pipeline stage `stage`
+    (parameter_groups: its layers, the embedding on the first stage, lm_head and final norm
+    on the last; every stage builds the rotary cache for its attention layers).
 
     How vLLM stores them (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py,
     fused_moe/layer.py, models/llama.py, models/deepseek_v2.py):
@@ -398,9 +437,9 @@ def weights_per_gpu(config, tensor_parallel_size=1, dtype="auto", quantization=N
     tp = int(tensor_parallel_size or 1)
     dbytes = DTYPE_BYTES[weight_dtype(config, quantization, dtype)]
     hidden = int(config["hidden_size"])
-    layers = int(config["num_hidden_layers"])
+    layers = pp_stage(config, pipeline_parallel_size, stage)[1]
     heads = int(config["num_attention_heads"])
-    groups = parameter_groups(config)
+    groups = parameter_groups(config, pipeline_parallel_size, stage)
     if config.get("kv_lora_rank"):
         # q_a_proj and kv_a_proj_with_mqa: ReplicatedLinear, whole on every rank
         q_rank = int(config.get("q_lora_rank") or 0)
@@ -415,8 +454,8 @@ def weights_per_gpu(config, tensor_parallel_size=1, dtype="auto", quantization=N
         split_linear = (groups["linear"] - kv_all) / tp + kv_rank
     linear = split_linear * linear_bytes_per_parameter(quantization, dbytes)
     vocab_rank = padded_vocab(config["vocab_size"]) // tp
-    embedding = vocab_rank * hidden * dbytes
-    lm_head = 0 if config.get("tie_word_embeddings") else vocab_rank * hidden * dbytes
+    embedding = vocab_rank * hidden * dbytes if groups["embedding"] else 0
+    lm_head = vocab_rank * hidden * dbytes if groups["lm_head"] else 0
     other = groups["other"] * dbytes
     rotary_dim = int(config.get("qk_rope_head_dim") or 0) or head_dim(config)
     rotary = int(config.get("max_position_embeddings") or 0) * rotary_dim * dbytes

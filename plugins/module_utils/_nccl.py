@@ -123,6 +123,10 @@ def topology_layer(gpu):
         if rdma:
             values["NCCL_IB_DISABLE"] = "0"
             notes["NCCL_IB_DISABLE"] = "RDMA devices present: %s" % ", ".join(rdma)
+            # the host's own HCAs by exact name ('=': NCCL otherwise matches prefixes, mlx5_1
+            # would take mlx5_10 too); a layer above narrows them (to the GPU-local rails, say)
+            values["NCCL_IB_HCA"] = "=" + ",".join(rdma)
+            notes["NCCL_IB_HCA"] = "the InfiniBand/RoCE devices of this host (%s), by exact name" % gpu["rdma_source"]
         else:
             values["NCCL_IB_DISABLE"] = "1"
             notes["NCCL_IB_DISABLE"] = "no InfiniBand/RoCE device (%s): NCCL uses sockets" % gpu["rdma_source"]

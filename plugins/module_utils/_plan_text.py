@@ -120,8 +120,27 @@ def _header(plan) -> List[str]:
             ", %s" % m["quantization"] if m.get("quantization") else "",
         )
     ]
+    layout = _layout(plan)
     if plan.get("accelerator") == "cpu":
-        lines.append("engine     vllm on CPU, KV cache space %.2f GiB" % (plan["kv_cache_bytes_per_gpu"] / GIB))
+        lines.append(
+            "engine     vllm on CPU, %sKV cache space %.2f GiB%s"
+            % (
+                "%d nodes, " % plan["nodes"] if (plan.get("nodes") or 1) > 1 else "",
+                (plan.get("kv_cache_bytes_per_gpu") or 0) / GIB,
+                " per rank, " + layout if layout else "",
+            )
+        )
+    elif (plan.get("nodes") or 1) > 1 or layout:
+        lines.append(
+            "hardware   %d nodes x %d GPUs x %.2f GiB usable, engine %s%s"
+            % (
+                plan.get("nodes") or 1,
+                plan["gpus"],
+                plan["gpu_memory_bytes"] / GIB,
+                plan["engine"],
+                ", " + layout if layout else "",
+            )
+        )
     else:
         lines.append(
             "hardware   %d GPU(s) x %.2f GiB usable, engine %s"
@@ -145,6 +164,19 @@ def _header(plan) -> List[str]:
         flags = plan["engine_args"].items()
         lines.append("engine args  " + " ".join(f if v is True else "%s %s" % (f, v) for f, v in flags))
     return lines
+
+
+def _layout(plan) -> str:
+    """'TP 8 x PP 2, stages of 63/63 layers' for a plan with pipeline stages or over several
+    nodes; '' for one stage on one node."""
+    pp = plan.get("pipeline_parallel_size") or 1
+    if pp == 1 and (plan.get("nodes") or 1) == 1:
+        return ""
+    text = "TP %s x PP %d" % (plan.get("tensor_parallel_size") or "?", pp)
+    stages = plan.get("pipeline_stage_layers")
+    if stages and pp > 1:
+        text += ", stages of %s layers" % "/".join(str(n) for n in stages)
+    return text
 
 
 def memory_parts(plan) -> List[tuple]:

@@ -137,7 +137,9 @@ def _plan_input_errors(args: argparse.Namespace) -> list[str]:
 
     errors = []
     if args.gpus < 1 or args.gpus > 1024:
-        errors.append("--gpus=%d must be from 1 to 1024 (the GPUs the instance may use)" % args.gpus)
+        errors.append("--gpus=%d must be from 1 to 1024 (the GPUs the instance may use on each node)" % args.gpus)
+    if args.nodes < 1 or args.nodes > 1024:
+        errors.append("--nodes=%d must be from 1 to 1024 (the hosts the instance spans)" % args.nodes)
     if args.gpu_memory_gib is not None and not (math.isfinite(args.gpu_memory_gib) and 1 < args.gpu_memory_gib <= 4096):
         errors.append("--gpu-memory-gib=%s must be one GPU's memory in GiB, e.g. 24 or 80" % args.gpu_memory_gib)
     if args.concurrency is not None and args.concurrency < 1:
@@ -185,9 +187,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "--gpu-memory-gib=%s is too small; give one GPU's memory in GiB, e.g. 24" % args.gpu_memory_gib
             )
         pins = {name: getattr(args, name) for name in _plan_pin_options()}
+        pins["cross_node_tensor_parallel"] = args.cross_node_tensor_parallel
         plan = mp.plan_memory(
             config,
             gpus=args.gpus,
+            nodes=args.nodes,
             gpu_memory_bytes=mp.usable_bytes(gib=args.gpu_memory_gib) if args.gpu_memory_gib else None,
             engine=args.engine,
             accelerator=args.accelerator,
@@ -253,7 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--model", required=True, help="model folder (or its config.json)")
     plan.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU in GiB, as nvidia-smi lists it (24, 80)")
-    plan.add_argument("--gpus", type=int, default=1, help="GPUs the instance may use (default 1)")
+    plan.add_argument("--gpus", type=int, default=1, help="GPUs the instance may use on each node (default 1)")
+    plan.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="hosts the instance spans (default 1): tensor parallel within a node, pipeline parallel across nodes",
+    )
+    plan.add_argument(
+        "--cross-node-tensor-parallel",
+        action="store_true",
+        default=None,
+        help="let a pinned --tensor-parallel-size span nodes (refused otherwise: every layer's all-reduce would "
+        "cross the network)",
+    )
     plan.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
     plan.add_argument("--accelerator", choices=("nvidia", "cpu"), default="nvidia")
     plan.add_argument(

@@ -51,11 +51,17 @@ def test_nvlink_keeps_p2p_and_rdma_keeps_ib():
     assert plan["env"]["NCCL_P2P_DISABLE"] == "0"
     assert plan["env"]["NCCL_IB_DISABLE"] == "0"  # NICs from topo -m's NIC legend (mlx5_*)
     assert "mlx5_2" in plan["notes"]["NCCL_IB_DISABLE"]
+    # the HCAs by exact name, from the same facts; a layer above still wins
+    hcas = plan["env"]["NCCL_IB_HCA"]
+    assert hcas.startswith("=") and "mlx5_2" in hcas.split("=", 1)[1].split(",")
+    narrowed = plan_env(gpu=_facts("8x_a100_sxm_nvlink_17nic"), host={"NCCL_IB_HCA": "=mlx5_0,mlx5_1"})
+    assert narrowed["env"]["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1"
 
 
 def test_unknown_rdma_sets_nothing():
     plan = plan_env(gpu=_facts("2x_rtx5090_threadripper_pro"))
     assert "NCCL_IB_DISABLE" not in plan["env"]
+    assert "NCCL_IB_HCA" not in plan["env"]
 
 
 def test_without_topology():

@@ -1,0 +1,182 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Multi-node engine instances (private to gpufleet.serving): one instance over several hosts.
+
+An instance with ``nodes: [LEADER, WORKER, ...]`` is written once, in the leader's
+``gpufleet_engines``. The leader (node rank 0) serves the API behind its proxy; every other
+node runs the same container headless (node rank 1..N-1), with the same `gpus` indices on its
+own board. The runtime is the engine's own multi-node support: vLLM's multiprocessing
+executor across nodes (--nnodes, --node-rank, --master-addr, --master-port, workers
+--headless), SGLang's --nnodes/--node-rank/--dist-init-addr.
+
+What each part reads from here: the engine role (which instances a host runs and at which
+rank, the address and interface its sockets use), the firewall (the peers a member accepts
+connections from), `gpufleet status` (the group in deployed.json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from typing import List, Optional
+
+# vLLM 0.32's --master-port default (its argument parser, checked in the lab image)
+DEFAULT_MASTER_PORT = 29501
+
+
+def address_of(hostvars, name) -> str:
+    """A host's address as its peers reach it: ansible_host when it is an address, else the
+    default IPv4 address its gathered facts name, else ansible_host (a name) or the inventory
+    name."""
+    hv = hostvars.get(name, {}) if hasattr(hostvars, "get") else {}
+    facts = hv.get("ansible_facts") or {}
+    fact_address = (facts.get("default_ipv4") or {}).get("address")
+    given = hv.get("ansible_host")
+    try:
+        ipaddress.ip_address(str(given))
+        return str(given)
+    except ValueError:
+        return str(fact_address or given or name)
+
+
+def _nodes(inst) -> Optional[list]:
+    nodes = inst.get("nodes") if isinstance(inst, dict) else None
+    if isinstance(nodes, list) and nodes and all(isinstance(n, str) for n in nodes):
+        return nodes
+    return None
+
+
+def groups(hosts, hostvars) -> List[dict]:
+    """Every multi-node instance defined on `hosts` (each in its leader's gpufleet_engines):
+    [{name, leader, nodes, addresses, master_port, instance}]."""
+    out = []
+    for host in hosts or []:
+        hv = hostvars.get(host, {}) if hasattr(hostvars, "get") else {}
+        engines = hv.get("gpufleet_engines") or []
+        for inst in engines if isinstance(engines, list) else []:
+            nodes = _nodes(inst)
+            if not nodes or nodes[0] != host or len(nodes) < 2:
+                continue
+            out.append(
+                {
+                    "name": inst.get("name"),
+                    "leader": host,
+                    "nodes": list(nodes),
+                    "addresses": [address_of(hostvars, n) for n in nodes],
+                    "master_port": inst.get("master_port", DEFAULT_MASTER_PORT),
+                    "instance": inst,
+                }
+            )
+    return out
+
+
+def memberships(all_groups, me) -> List[dict]:
+    """The groups `me` joins as a worker: [{instance, rank, group}]."""
+    out = []
+    for group in all_groups or []:
+        if me in group["nodes"][1:]:
+            out.append({"instance": group["instance"], "rank": group["nodes"].index(me), "group": group})
+    return out
+
+
+def peers(all_groups, me) -> List[str]:
+    """The addresses of every other member of the groups `me` belongs to (sorted, unique)."""
+    out = set()
+    for group in all_groups or []:
+        if me in group["nodes"]:
+            out.update(a for n, a in zip(group["nodes"], group["addresses"]) if n != me)
+    return sorted(out)
+
+
+def interface_of(address, facts) -> Optional[str]:
+    """The network interface that holds `address`, from Ansible's network facts (ansible_facts:
+    `interfaces` and one entry per interface with ipv4/ipv4_secondaries/ipv6)."""
+    facts = facts or {}
+    for name in facts.get("interfaces") or []:
+        entry = facts.get(name.replace("-", "_")) or facts.get(name) or {}
+        ipv4 = entry.get("ipv4")
+        found = [ipv4.get("address")] if isinstance(ipv4, dict) else [a.get("address") for a in ipv4 or []]
+        found += [a.get("address") for a in entry.get("ipv4_secondaries") or []]
+        found += [a.get("address") for a in entry.get("ipv6") or []]
+        if address in found:
+            return name
+    return None
+
+
+def context(inst, me, all_groups, facts=None, ifname=None):
+    """Where `me` stands in the instance's group: {rank, size, leader, nodes, addresses,
+    master_addr, master_port, address, ifname, ifname_source}, or None for a single-host
+    instance. The address is this node's inventory address (the group's network); the
+    interface holding it carries NCCL's and Gloo's sockets unless `ifname` (the role's
+    engine_group_ifname) names one."""
+    nodes = _nodes(inst)
+    if not nodes or len(nodes) < 2:
+        return None
+    group = next((g for g in all_groups or [] if g["name"] == inst.get("name") and g["nodes"] == nodes), None)
+    addresses = group["addresses"] if group else list(nodes)
+    rank = nodes.index(me) if me in nodes else 0
+    found = interface_of(addresses[rank], facts)
+    return {
+        "rank": rank,
+        "size": len(nodes),
+        "leader": nodes[0],
+        "nodes": list(nodes),
+        "addresses": list(addresses),
+        "master_addr": addresses[0],
+        "master_port": inst.get("master_port", DEFAULT_MASTER_PORT),
+        "address": addresses[rank],
+        "ifname": ifname or found,
+        "ifname_source": "engine_group_ifname" if ifname else "facts" if found else None,
+    }
+
+
+# The flags that differ from node to node: the rest of a member's command line is the group's.
+NODE_FLAGS = ("--node-rank", "--headless")
+
+
+def fingerprint(rendered: dict, config_text) -> dict:
+    """What must be the same on every member of a group: the image, the engine's command line
+    but for the node's own flags, and the model's config.json (sha256)."""
+    args, skip = [], False
+    for arg in rendered["engine_args"]:
+        if skip:
+            skip = False
+            continue
+        if arg in NODE_FLAGS:
+            skip = arg == "--node-rank"
+            continue
+        args.append(arg)
+    digest = hashlib.sha256(config_text.encode("utf-8")).hexdigest() if config_text else None
+    return {"image": rendered["image"], "engine_args": args, "model_config_sha256": digest}
+
+
+def mismatches(prints, hostvars, me, var="__engine_group_print") -> List[str]:
+    """Every difference between this host's prints of its groups ({name: {group, print}}) and
+    the other members' (their `var` in hostvars), and every member missing from the run."""
+    errors = []
+    for name, mine in sorted((prints or {}).items()):
+        for node in mine["nodes"]:
+            if node == me:
+                continue
+            theirs = ((hostvars.get(node, {}) if hasattr(hostvars, "get") else {}).get(var) or {}).get(name)
+            if theirs is None:
+                errors.append(
+                    "multi-node instance %s: node %s is not in this run, so %s cannot tell whether it runs the same "
+                    "image, model and settings; run with every node of the group (--limit %s)."
+                    % (name, node, me, ",".join(mine["nodes"]))
+                )
+                continue
+            for key in sorted(set(mine["print"]) | set(theirs["print"])):
+                a, b = mine["print"].get(key), theirs["print"].get(key)
+                if a != b:
+                    errors.append(
+                        "multi-node instance %s: %s differs between %s (%s) and %s (%s); every node must run the "
+                        "same %s." % (name, key, me, _short(a), node, _short(b), key.replace("_", " "))
+                    )
+    return errors
+
+
+def _short(value) -> str:
+    text = " ".join(value) if isinstance(value, list) else str(value)
+    return text if len(text) <= 200 else text[:197] + "..."
