@@ -7,7 +7,12 @@ Documented in engine_groups.yml and engine_group_peers.yml beside this file."""
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import groups, mismatches, peers
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import (
+    groups,
+    mismatches,
+    peers,
+    rollout_batches,
+)
 
 
 def engine_groups(hosts, hostvars):
@@ -43,6 +48,10 @@ def engine_group_mismatches(prints, hostvars, me):
     return mismatches(prints, hostvars, me)
 
 
+def engine_rollout_batches(hosts, all_groups, batch=1, restarts=None):
+    return rollout_batches(hosts, all_groups, batch, restarts)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -50,4 +59,5 @@ class FilterModule:
             "engine_group_peers": engine_group_peers,
             "engine_group_prints": engine_group_prints,
             "engine_group_mismatches": engine_group_mismatches,
+            "engine_rollout_batches": engine_rollout_batches,
         }

@@ -180,3 +180,55 @@ def mismatches(prints, hostvars, me, var="__engine_group_print") -> List[str]:
 def _short(value) -> str:
     text = " ".join(value) if isinstance(value, list) else str(value)
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def rollout_batches(hosts, all_groups, batch=1, restarts=None) -> dict:
+    """The rollout's batches when some hosts carry multi-node instances: the nodes of an
+    instance that restarts roll together (a member restarted alone waits for the others
+    forever). hosts: the gpu hosts in the run, in order; batch: hosts per batch, an integer or
+    'N%' (of the hosts), as gpufleet_rollout_batch; restarts: {host: [instance names it would
+    restart]} (None: every group counts as restarting). A group larger than the batch makes a
+    batch of its own.
+
+    Returns {order: hosts in rollout order, sizes: hosts per batch (Ansible's serial list),
+    errors}."""
+    hosts = list(hosts or [])
+    text = str(batch).strip()
+    try:
+        size = -(-len(hosts) * float(text[:-1]) // 100) if text.endswith("%") else int(text)
+        size = int(size)
+        valid = size >= 1 and (not text.endswith("%") or 0 < float(text[:-1]) <= 100)
+    except ValueError:
+        valid = False
+    if not valid:
+        return {
+            "order": hosts,
+            "sizes": [1],
+            "errors": [
+                "gpufleet_rollout_batch=%r must be a number of hosts (1, 2, ...) or a share of them ('25%%')."
+                % (batch,)
+            ],
+        }
+    # units: hosts joined by the groups they share (a host in two groups joins both)
+    unit_of = {h: {h} for h in hosts}
+    for group in all_groups or []:
+        if restarts is not None and not any(group["name"] in (restarts.get(n) or []) for n in group["nodes"]):
+            continue
+        members = [n for n in group["nodes"] if n in unit_of]
+        merged = set().union(*(unit_of[n] for n in members)) if members else set()
+        for n in merged:
+            unit_of[n] = merged
+    order, sizes, current, seen = [], [], [], set()
+    for host in hosts:
+        if host in seen:
+            continue
+        unit = [h for h in hosts if h in unit_of[host]]
+        seen.update(unit)
+        if current and len(current) + len(unit) > size:
+            sizes.append(len(current))
+            current = []
+        current += unit
+        order += unit
+    if current:
+        sizes.append(len(current))
+    return {"order": order, "sizes": sizes or [1], "errors": []}

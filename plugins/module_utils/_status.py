@@ -163,6 +163,9 @@ def idle_targets(deployed, plan_instances=None, override=0):
         if not isinstance(entry, dict) or not entry.get("name") or entry["name"] in seen or not entry.get("base_url"):
             continue
         seen.add(entry["name"])
+        if (entry.get("group") or {}).get("rank"):
+            # a multi-node instance's worker serves nothing itself: its leader's host waits for it
+            continue
         timeout = override or entry.get("drain_timeout") or 30
         out.append(
             {
