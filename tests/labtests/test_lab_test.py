@@ -50,8 +50,9 @@ def test_the_example_inventory_passes_preflight_on_its_captured_hardware():
     assert proc.returncode == 0
     recap = dict(re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=0\s+failed=0", proc.stdout, re.M))
     assert recap == dict.fromkeys(
-        ("ws-4090-r1-70b", "ws-4090-r1-32b", "ws-3090-r1-14b", "ws-4090-sglang", "h100-node-01"), "0"
-    )
+        ("ws-4090-r1-70b", "ws-4090-r1-32b", "ws-3090-r1-14b", "ws-4090-sglang", "h100-node-01", "h100-node-02",
+         "h100-node-03"), "0"
+    )  # fmt: skip
     # Each plan was made on the replayed GPUs, and it is the one pasted in the host's file.
     plans, item = [], None
     for line in proc.stdout.splitlines():
@@ -60,7 +61,8 @@ def test_the_example_inventory_passes_preflight_on_its_captured_hardware():
         elif item and (m := re.match(r"\s+- 'KV cache: (\d+) tokens", line)):
             plans.append((*item, m.group(1)))
             item = None
-    assert len(plans) == 5, plans  # 70B, 32B, SGLang 14B, and the H100's two replicas
+    # 70B, 32B, SGLang 14B, the H100's two replicas, and the 405B on two H100 nodes (each node plans it)
+    assert len(plans) == 7, plans
     for host, name, tokens in plans:
         pasted = (ROOT / "inventories" / "lab" / "host_vars" / ("%s.yml" % host)).read_text()
         assert "KV cache: %s tokens" % tokens in pasted, (host, name, tokens)
