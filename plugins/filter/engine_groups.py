@@ -8,9 +8,11 @@ Documented in engine_groups.yml and engine_group_peers.yml beside this file."""
 from __future__ import annotations
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import (
+    group_restarts,
     groups,
     mismatches,
     peers,
+    probes,
     rollout_batches,
 )
 
@@ -52,6 +54,14 @@ def engine_rollout_batches(hosts, all_groups, batch=1, restarts=None):
     return rollout_batches(hosts, all_groups, batch, restarts)
 
 
+def engine_group_restarts(restarts, instances, hostvars):
+    return group_restarts(restarts, instances, hostvars)
+
+
+def engine_group_probes(instances):
+    return probes(instances)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -60,4 +70,6 @@ class FilterModule:
             "engine_group_prints": engine_group_prints,
             "engine_group_mismatches": engine_group_mismatches,
             "engine_rollout_batches": engine_rollout_batches,
+            "engine_group_restarts": engine_group_restarts,
+            "engine_group_probes": engine_group_probes,
         }

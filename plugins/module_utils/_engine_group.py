@@ -232,3 +232,34 @@ def rollout_batches(hosts, all_groups, batch=1, restarts=None) -> dict:
     if current:
         sizes.append(len(current))
     return {"order": order, "sizes": sizes or [1], "errors": []}
+
+
+def group_restarts(restarts, instances, hostvars) -> List[str]:
+    """This host's restarts and every multi-node instance of it that another of its nodes
+    restarts (their gpufleet_engine_restarts in hostvars): a group restarts on all its nodes
+    or on none."""
+    out = list(restarts or [])
+    for inst in instances or []:
+        group = inst.get("group")
+        if not group or inst["name"] in out:
+            continue
+        for node in group["nodes"]:
+            hv = hostvars.get(node, {}) if hasattr(hostvars, "get") else {}
+            if inst["name"] in (hv.get("gpufleet_engine_restarts") or []):
+                out.append(inst["name"])
+                break
+    return out
+
+
+def probes(instances) -> List[list]:
+    """[address, port] pairs a node checks it reaches: the leader each worker, a worker its leader,
+    on the rendezvous port."""
+    out = []
+    for inst in instances or []:
+        group = inst.get("group")
+        if not group:
+            continue
+        for address in group["addresses"][1:] if group["rank"] == 0 else [group["master_addr"]]:
+            if [address, group["master_port"]] not in out:
+                out.append([address, group["master_port"]])
+    return out

@@ -18,7 +18,7 @@ try:  # a gpufleet dependency on the controller, where the filters that use this
 except ImportError:  # pragma: no cover - named when used
     text_string_to_metric_families = None
 # What the report says about each instance, from deployed.json.
-DEPLOYED_FIELDS = ("engine", "image", "model", "port", "tensor_parallel_size", "gpus", "max_model_len")
+DEPLOYED_FIELDS = ("engine", "image", "model", "port", "tensor_parallel_size", "gpus", "max_model_len", "node")
 
 
 def _samples(text):
@@ -81,8 +81,16 @@ def read_deployed(text):
         "tensor_parallel_size": record.get("tensor_parallel_size"),
         "gpus": ",".join(str(g) for g in gpus) if gpus else "cpu" if record.get("accelerator") == "cpu" else None,
         "max_model_len": record.get("max_model_len"),
+        # a multi-node instance: {rank, size, leader, nodes} of this node (None: one host)
+        "node": _node(record.get("group")),
         "recorded": True,
     }
+
+
+def _node(group):
+    if not isinstance(group, dict) or not isinstance(group.get("rank"), int):
+        return None
+    return {k: group.get(k) for k in ("rank", "size", "leader", "nodes")}
 
 
 def _unknown():
@@ -123,7 +131,9 @@ def host_status(instances, gpu=None, nccl_env=None):
         deployed = read_deployed(inst.get("deployed"))
         load = parse_metrics(inst.get("metrics"), deployed["engine"] or "vllm") if inst.get("metrics") else {}
         active = inst.get("active") or "unknown"
-        serving = active == "active" and inst.get("metrics") is not None
+        # a multi-node worker serves no HTTP: running is all it can say (its leader serves the group)
+        worker = bool((deployed.get("node") or {}).get("rank"))
+        serving = active == "active" and (worker or inst.get("metrics") is not None)
         entry = dict(deployed, name=inst.get("name"), unit=active, serving=serving)
         # deployed.json lands before the restart: until the mark goes, it is not what runs
         entry["restart_pending"] = bool(inst.get("pending"))

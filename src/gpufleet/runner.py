@@ -746,6 +746,13 @@ def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = Non
                 rows[-1] += ["-", "-", ",".join(host_alerts.get(host) or []) or "-"]
         for e in r.get("engines") or []:
             state = "serving" if e.get("serving") else "NOT SERVING (unit %s)" % e.get("unit")
+            node = e.get("node")
+            if node and node.get("rank"):
+                # a multi-node instance's worker: it runs its part; the leader's row says whether the group serves
+                running = "running" if e.get("serving") else "NOT RUNNING (unit %s)" % e.get("unit")
+                state = "%s, node %d of %d (leader %s)" % (running, node["rank"], node["size"], node["leader"])
+            elif node:
+                state += ", node 0 of %d (%s)" % (node["size"], ", ".join(node["nodes"][1:]))
             if e.get("recorded") is False:
                 state = "unknown (unit %s; no deployed.json: run site.yml)" % e.get("unit")
             elif e.get("restart_pending"):

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
+from engine_role import role_defaults  # the engine role's defaults, as its preflight passes them
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import OPTIONS
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import engine_args
 
 CHECKER = ROOT / "tests" / "lab" / "check_engine_args.py"
+LLAMA_405B = (ROOT / "tests" / "fixtures" / "model_configs" / "llama-3.1-405b-instruct.json").read_text()
 
 BASE = {"name": "chat", "model": "/srv/models/m", "port": 8001, "gpus": [0, 1], "tensor_parallel_size": 2}
 VLLM_CASES = [
@@ -55,6 +60,37 @@ def test_vllm_parser_accepts_every_rendered_command_line(vllm_image):
         assert result["parsed"]["port"] == 8001
     assert results[2]["parsed"]["max_num_seqs"] == 32
     assert results[0]["parsed"]["tensor_parallel_size"] == 2
+
+
+def test_vllm_parser_accepts_a_multi_node_instances_leader_and_worker_lines(vllm_image):
+    # the command lines the engine role renders for node rank 0 (serves) and 1 (headless) of an
+    # instance over two hosts (tensor parallel 8 in each, pipeline parallel 2 across them)
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import groups
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
+
+    inst = dict(BASE, nodes=["gpu01", "gpu02"], gpus=list(range(8)), tensor_parallel_size=8, master_port=29600)
+    hv = {"gpu01": {"ansible_host": "10.0.0.1", "gpufleet_engines": [inst]},
+          "gpu02": {"ansible_host": "10.0.0.2", "gpufleet_engines": []}}  # fmt: skip
+    argvs = []
+    for me in ("gpu01", "gpu02"):
+        host = {"name": me, "hosts": list(hv), "groups": groups(list(hv), hv),
+                "facts": {"interfaces": ["eth0"], "eth0": {"ipv4": {"address": hv[me]["ansible_host"]}}}}  # fmt: skip
+        out = plan(
+            hv[me]["gpufleet_engines"],
+            gpu={"count": 8, "devices": [{"index": i, "memory_total_mib": 81559} for i in range(8)]},
+            models={"/srv/models/m": {"exists": True, "config": LLAMA_405B}},
+            host=host,
+            defaults=role_defaults(),
+        )
+        assert out["errors"] == [], out["errors"]
+        argvs.append(out["instances"][0]["engine_args"])
+    results = _check(vllm_image, "vllm", argvs)
+    for argv, result in zip(argvs, results, strict=True):
+        assert result["ok"], "vLLM rejected %s: %s" % (" ".join(argv), result["error"])
+    assert [r["parsed"]["node_rank"] for r in results] == [0, 1]
+    assert [r["parsed"]["headless"] for r in results] == [False, True]
+    assert {r["parsed"]["master_addr"] for r in results} == {"10.0.0.1"}
+    assert {r["parsed"]["pipeline_parallel_size"] for r in results} == {2}
 
 
 def test_vllm_parser_rejects_a_bad_line(vllm_image):

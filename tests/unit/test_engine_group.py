@@ -12,11 +12,13 @@ from engine_role import role_defaults
 from ansible_collections.gpufleet.serving.plugins.filter.engine_groups import engine_group_prints
 from ansible_collections.gpufleet.serving.plugins.filter.network import inventory_addresses
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import (
+    group_restarts,
     groups,
     interface_of,
     memberships,
     mismatches,
     peers,
+    probes,
     rollout_batches,
 )
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
@@ -242,3 +244,12 @@ def test_a_group_that_does_not_restart_does_not_join_its_nodes():
     assert quiet["sizes"] == [1, 1]
     moving = rollout_batches(["gpu01", "gpu02"], found, 1, {"gpu01": [], "gpu02": ["big"]})
     assert moving["sizes"] == [2]
+
+
+def test_a_group_restarts_on_every_node_when_one_restarts_it_and_probes_its_peers():
+    (lead,) = plan_on("gpu01")["instances"]
+    (work,) = plan_on("gpu02")["instances"]
+    assert group_restarts([], [lead], {"gpu02": {"gpufleet_engine_restarts": ["big"]}}) == ["big"]
+    assert group_restarts(["tiny"], [lead], {"gpu02": {"gpufleet_engine_restarts": []}}) == ["tiny"]
+    assert group_restarts(["big"], [work], {}) == ["big"]
+    assert probes([lead]) == [["10.0.0.2", 29501]] and probes([work]) == [["10.0.0.1", 29501]]

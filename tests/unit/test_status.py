@@ -152,3 +152,29 @@ def test_an_instance_whose_restart_is_pending_is_not_reported_as_running_its_new
         pending=[{"stat": {"exists": False}}],
     )  # fmt: skip
     assert done["engines"][0]["restart_pending"] is False and status_rows({"h": done})[1][4] == "serving"
+
+
+def test_a_multi_node_instance_shows_on_each_node_with_its_rank():
+    group = {"rank": 0, "size": 2, "leader": "gpu-01", "nodes": ["gpu-01", "gpu-02"], "addresses": ["10.0.0.1",
+             "10.0.0.2"], "master_addr": "10.0.0.1", "master_port": 29501, "address": "10.0.0.1", "ifname": "eth0"}  # fmt: skip
+    leader = engine_status(
+        [{"path": "/etc/gpufleet/engines/big"}], deployed=[{"content": _b64(_deployed(name="big", _group=group))}],
+        units=[{"status": {"ActiveState": "active"}}], metrics=[{"status": 200, "content": IDLE}],
+    )  # fmt: skip
+    worker_group = dict(group, rank=1, address="10.0.0.2")
+    # a headless worker has no /metrics: running is what it can say
+    worker = engine_status(
+        [{"path": "/etc/gpufleet/engines/big"}],
+        deployed=[{"content": _b64(_deployed(name="big", _group=worker_group))}],
+        units=[{"status": {"ActiveState": "active"}}], metrics=[{"status": -1, "msg": "connection refused"}],
+    )  # fmt: skip
+    stopped = engine_status(
+        [{"path": "/etc/gpufleet/engines/big"}],
+        deployed=[{"content": _b64(_deployed(name="big", _group=worker_group))}],
+        units=[{"status": {"ActiveState": "failed"}}], metrics=[{"status": -1, "msg": "connection refused"}],
+    )  # fmt: skip
+    rows = status_rows({"gpu-01": leader, "gpu-02": worker, "gpu-03": stopped})
+    assert rows[1][4] == "serving, node 0 of 2 (gpu-02)"
+    assert rows[2][4] == "running, node 1 of 2 (leader gpu-01)"
+    assert rows[3][4] == "NOT RUNNING (unit failed), node 1 of 2 (leader gpu-01)"
+    assert worker["engines"][0]["serving"] and not stopped["engines"][0]["serving"]
