@@ -191,7 +191,7 @@ def rollout_batches(hosts, all_groups, batch=1, restarts=None) -> dict:
     batch of its own.
 
     Returns {order: hosts in rollout order, sizes: hosts per batch (Ansible's serial list),
-    errors}."""
+    batches: the hosts of each batch, errors}."""
     hosts = list(hosts or [])
     text = str(batch).strip()
     try:
@@ -204,6 +204,7 @@ def rollout_batches(hosts, all_groups, batch=1, restarts=None) -> dict:
         return {
             "order": hosts,
             "sizes": [1],
+            "batches": [[h] for h in hosts],
             "errors": [
                 "gpufleet_rollout_batch=%r must be a number of hosts (1, 2, ...) or a share of them ('25%%')."
                 % (batch,)
@@ -231,7 +232,11 @@ def rollout_batches(hosts, all_groups, batch=1, restarts=None) -> dict:
         order += unit
     if current:
         sizes.append(len(current))
-    return {"order": order, "sizes": sizes or [1], "errors": []}
+    batches, at = [], 0
+    for size in sizes:
+        batches.append(order[at : at + size])
+        at += size
+    return {"order": order, "sizes": sizes or [1], "batches": batches, "errors": []}
 
 
 def group_restarts(restarts, instances, hostvars) -> List[str]:
