@@ -22,8 +22,20 @@ def vllm_parser():
     def parse(argv):
         args = parser.parse_args(argv)
         validate_parsed_serve_args(args)
-        keys = ("model", "port", "host", "tensor_parallel_size", "max_num_seqs", "pipeline_parallel_size", "nnodes",
-                "node_rank", "master_addr", "master_port", "headless", "distributed_executor_backend")
+        keys = (
+            "model",
+            "port",
+            "host",
+            "tensor_parallel_size",
+            "max_num_seqs",
+            "pipeline_parallel_size",
+            "nnodes",
+            "node_rank",
+            "master_addr",
+            "master_port",
+            "headless",
+            "distributed_executor_backend",
+        )
         return {k: getattr(args, k, None) for k in keys}
 
     return parse

@@ -231,8 +231,12 @@ def test_rollout_batches_keep_a_group_together(batch, order, sizes):
 
 
 def test_rollout_batches_without_groups_and_bad_sizes():
-    assert rollout_batches(["a", "b", "c"], [], 2) == {"order": ["a", "b", "c"], "sizes": [2, 1],
-                                                     "batches": [["a", "b"], ["c"]], "errors": []}
+    assert rollout_batches(["a", "b", "c"], [], 2) == {
+        "order": ["a", "b", "c"],
+        "sizes": [2, 1],
+        "batches": [["a", "b"], ["c"]],
+        "errors": [],
+    }
     for bad in (0, "x", "0%", "150%", -1):
         assert "gpufleet_rollout_batch" in rollout_batches(["a"], [], bad)["errors"][0]
 

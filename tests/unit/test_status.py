@@ -155,8 +155,9 @@ def test_an_instance_whose_restart_is_pending_is_not_reported_as_running_its_new
 
 
 def test_a_multi_node_instance_shows_on_each_node_with_its_rank():
-    group = {"rank": 0, "size": 2, "leader": "gpu-01", "nodes": ["gpu-01", "gpu-02"], "addresses": ["10.0.0.1",
-             "10.0.0.2"], "master_addr": "10.0.0.1", "master_port": 29501, "address": "10.0.0.1", "ifname": "eth0"}  # fmt: skip
+    group = {"rank": 0, "size": 2, "leader": "gpu-01", "nodes": ["gpu-01", "gpu-02"],
+             "addresses": ["10.0.0.1", "10.0.0.2"], "master_addr": "10.0.0.1", "master_port": 29501,
+             "address": "10.0.0.1", "ifname": "eth0"}  # fmt: skip
     leader = engine_status(
         [{"path": "/etc/gpufleet/engines/big"}], deployed=[{"content": _b64(_deployed(name="big", _group=group))}],
         units=[{"status": {"ActiveState": "active"}}], metrics=[{"status": 200, "content": IDLE}],
