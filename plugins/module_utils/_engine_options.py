@@ -357,6 +357,13 @@ def label(i: int, inst) -> str:
     return "gpufleet_engines[%d]%s" % (i, " (%s)" % name if name else "")
 
 
+def default_pipeline_parallel_size(inst: dict, nodes: int) -> int:
+    """An unpinned pipeline_parallel_size: one stage per node of a multi-node instance, or 1
+    when its tensor parallel may span the nodes (cross_node_tensor_parallel; the memory plan
+    chooses the same)."""
+    return 1 if nodes <= 1 or inst.get("cross_node_tensor_parallel") is True else nodes
+
+
 def default_tensor_parallel_size(inst: dict, gpus, pp, nodes: int = 1) -> int:
     """An unpinned tensor_parallel_size spreads the model over all the instance's GPUs (on each
     of its `nodes`: pipeline parallel crosses the nodes, tensor parallel stays within one)."""

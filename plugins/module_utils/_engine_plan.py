@@ -14,6 +14,7 @@ import ipaddress
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import context, fingerprint, memberships
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+    default_pipeline_parallel_size,
     default_tensor_parallel_size,
     label,
     options_of,
@@ -64,13 +65,13 @@ def memory_plan_of(inst: dict, config: dict, gpu=None):
     return plan, None
 
 
-def memory_plans(instances, gpu=None, models=None):
+def memory_plans(instances, gpu=None, models=None, wheres=None):
     """The memory plan of every validated instance whose model config is at hand:
     ({name: plan}, errors, {name: why skipped}). A plan's options fill in what the instance
-    does not pin."""
+    does not pin. wheres: how messages name each instance (default gpufleet_engines[i])."""
     plans, errors, skipped = {}, [], {}
     for i, inst in enumerate(instances):
-        where = label(i, inst)
+        where = wheres[i] if wheres else label(i, inst)
         info = (models or {}).get(inst.get("model")) or {}
         if not info.get("config"):
             continue
@@ -94,7 +95,7 @@ def with_plan(inst: dict, plan=None) -> dict:
     merged = dict(inst)
     nodes = len(inst["nodes"]) if inst.get("nodes") else 1
     if not plan:
-        pp = pinned.get("pipeline_parallel_size") or nodes
+        pp = pinned.get("pipeline_parallel_size") or default_pipeline_parallel_size(inst, nodes)
         if pinned.get("pipeline_parallel_size") is None and pp > 1:
             merged["pipeline_parallel_size"] = pp
         if pinned.get("tensor_parallel_size") is None and inst.get("accelerator", "nvidia") != "cpu":
@@ -124,7 +125,11 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
     if errors:
         return {"errors": errors, "instances": []}
     everything = list(instances) + [m["instance"] for m in members]
-    plans, errors, skipped = memory_plans(everything, gpu=gpu, models=models)
+    # a worker's instance is written in its leader's gpufleet_engines, not this host's
+    wheres = [label(i, inst) for i, inst in enumerate(instances)] + [
+        "%s's multi-node instance %s" % (m["group"]["leader"], m["instance"].get("name")) for m in members
+    ]
+    plans, errors, skipped = memory_plans(everything, gpu=gpu, models=models, wheres=wheres)
     if errors:
         return {"errors": errors, "instances": []}
     rendered, errors = [], []
@@ -133,7 +138,7 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
         planned = with_plan(inst, plans.get(name))
         group = context(inst, host.get("name"), host.get("groups"), host.get("facts"), host.get("group_ifname"))
         if group:
-            errors.extend(_group_errors(label(i, inst), group, host.get("name")))
+            errors.extend(_group_errors(wheres[i], group, host.get("name")))
             planned["_group"] = group
         out = render(planned, gpu=gpu, host=host, defaults=defaults)
         out["surge"] = surge(planned, instances, plans.get(name), gpu=gpu, host=host, defaults=defaults)
@@ -149,7 +154,7 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
         if broken:
             errors.append(
                 "%s: an argument of its docker run has a line break or a control character (%r); fix the value it "
-                "comes from (an image in engine_images, an option, extra_args)." % (label(i, inst), broken[0][:80])
+                "comes from (an image in engine_images, an option, extra_args)." % (wheres[i], broken[0][:80])
             )
         rendered.append(out)
     if errors:

@@ -27,6 +27,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     OWN_FLAGS,
     REMOVED,
     SECRET_ENV_HINTS,
+    default_pipeline_parallel_size,
     default_tensor_parallel_size,
     is_type,
     label,
@@ -101,7 +102,7 @@ class Instance:
         nodes = inst.get("nodes")
         count = len(nodes) if isinstance(nodes, list) and len(nodes) > 1 else 1
         # a multi-node instance: pipeline parallel across its nodes unless pinned
-        pp = options.get("pipeline_parallel_size") or count
+        pp = options.get("pipeline_parallel_size") or default_pipeline_parallel_size(inst, count)
         return cls(
             index=i,
             where=where or label(i, inst),

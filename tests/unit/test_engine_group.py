@@ -168,6 +168,8 @@ def test_no_interface_or_no_address_is_an_error_naming_the_fix():
     errors = plan_on("gpu02", hv=hv, facts={"interfaces": []})["errors"]
     assert any("no network interface on gpu02 holds its address 10.0.0.2" in e and "engine_group_ifname" in e
                for e in errors)  # fmt: skip
+    # named as its leader's instance: it is not in this host's gpufleet_engines
+    assert all(e.startswith("gpu01's multi-node instance big: ") for e in errors), errors
     # the role's engine_group_ifname names it instead
     (work,) = plan_on("gpu02", hv=hv, facts={"interfaces": []}, group_ifname="ib0")["instances"]
     assert "GLOO_SOCKET_IFNAME=ib0" in work["docker_args"]
@@ -258,3 +260,12 @@ def test_a_group_restarts_on_every_node_when_one_restarts_it_and_probes_its_peer
     assert group_restarts(["tiny"], [lead], {"gpu02": {"gpufleet_engine_restarts": []}}) == ["tiny"]
     assert group_restarts(["big"], [work], {}) == ["big"]
     assert probes([lead]) == [["10.0.0.2", 29501]] and probes([work]) == [["10.0.0.1", 29501]]
+
+
+def test_cross_node_tensor_parallel_defaults_pipeline_parallel_to_one_as_the_plan_does():
+    inst = big()
+    del inst["pipeline_parallel_size"]
+    out = plan_on("gpu01", [inst])
+    assert out["errors"] == []
+    args = out["instances"][0]["engine_args"]
+    assert "--pipeline-parallel-size" not in args and args[args.index("--tensor-parallel-size") + 1] == "2"
