@@ -97,7 +97,7 @@ def test_mistakes_fail_before_any_change_and_name_host_and_fix(tmp_path):
     assert proc.returncode == 2
     failed = dict(re.findall(r"^(\S+)\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=(\d+)", out, re.M))
     assert failed == {"ws-4090-r1-70b": "1", "ws-4090-r1-32b": "1", "ws-4090-sglang": "1", "ws-3090-r1-14b": "0",
-                      "h100-node-01": "0"}  # fmt: skip
+                      "h100-node-01": "0", "h100-node-02": "0", "h100-node-03": "0"}  # fmt: skip
     messages = " ".join(out.split())  # Ansible folds long messages
     assert "(r1-70b) (memory plan): TP=1: the weights (37.07 GiB per GPU)" in messages
     assert "short by" in messages and "Fix: raise tensor_parallel_size." in messages
