@@ -50,8 +50,8 @@ def engine_group_mismatches(prints, hostvars, me):
     return mismatches(prints, hostvars, me)
 
 
-def engine_rollout_batches(hosts, all_groups, batch=1, restarts=None):
-    return rollout_batches(hosts, all_groups, batch, restarts)
+def engine_rollout_batches(hosts, all_groups, batch=1):
+    return rollout_batches(hosts, all_groups, batch)
 
 
 def engine_group_restarts(restarts, instances, hostvars):

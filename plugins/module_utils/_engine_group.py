@@ -182,13 +182,11 @@ def _short(value) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def rollout_batches(hosts, all_groups, batch=1, restarts=None) -> dict:
+def rollout_batches(hosts, all_groups, batch=1) -> dict:
     """The rollout's batches when some hosts carry multi-node instances: the nodes of an
-    instance that restarts roll together (a member restarted alone waits for the others
-    forever). hosts: the gpu hosts in the run, in order; batch: hosts per batch, an integer or
-    'N%' (of the hosts), as gpufleet_rollout_batch; restarts: {host: [instance names it would
-    restart]} (None: every group counts as restarting). A group larger than the batch makes a
-    batch of its own.
+    instance roll together (a member restarted alone waits for the others forever). hosts: the
+    gpu hosts in the run, in order; batch: hosts per batch, an integer or 'N%' (of the hosts),
+    as gpufleet_rollout_batch. A group larger than the batch makes a batch of its own.
 
     Returns {order: hosts in rollout order, sizes: hosts per batch (Ansible's serial list),
     batches: the hosts of each batch, errors}."""
@@ -213,8 +211,6 @@ def rollout_batches(hosts, all_groups, batch=1, restarts=None) -> dict:
     # units: hosts joined by the groups they share (a host in two groups joins both)
     unit_of = {h: {h} for h in hosts}
     for group in all_groups or []:
-        if restarts is not None and not any(group["name"] in (restarts.get(n) or []) for n in group["nodes"]):
-            continue
         members = [n for n in group["nodes"] if n in unit_of]
         merged = set().union(*(unit_of[n] for n in members)) if members else set()
         for n in merged:

@@ -243,16 +243,6 @@ def test_rollout_batches_without_groups_and_bad_sizes():
         assert "gpufleet_rollout_batch" in rollout_batches(["a"], [], bad)["errors"][0]
 
 
-def test_a_group_that_does_not_restart_does_not_join_its_nodes():
-    hv = {h: {"ansible_host": "10.0.0.%d" % i, "gpufleet_engines": []} for i, h in enumerate(["gpu01", "gpu02"], 1)}
-    hv["gpu01"]["gpufleet_engines"] = [big()]
-    found = groups(list(hv), hv)
-    quiet = rollout_batches(["gpu01", "gpu02"], found, 1, {"gpu01": ["tiny"], "gpu02": ["tiny"]})
-    assert quiet["sizes"] == [1, 1]
-    moving = rollout_batches(["gpu01", "gpu02"], found, 1, {"gpu01": [], "gpu02": ["big"]})
-    assert moving["sizes"] == [2]
-
-
 def test_a_group_restarts_on_every_node_when_one_restarts_it_and_probes_its_peers():
     (lead,) = plan_on("gpu01")["instances"]
     (work,) = plan_on("gpu02")["instances"]
