@@ -8,7 +8,10 @@ An instance with ``nodes: [LEADER, WORKER, ...]`` is written once, in the leader
 node runs the same container headless (node rank 1..N-1), with the same `gpus` indices on its
 own board. The runtime is the engine's own multi-node support: vLLM's multiprocessing
 executor across nodes (--nnodes, --node-rank, --master-addr, --master-port, workers
---headless), SGLang's --nnodes/--node-rank/--dist-init-addr.
+--headless), SGLang's --nnodes/--node-rank/--dist-init-addr; or, for vLLM with
+``distributed_executor_backend: ray``, Ray: the leader's container starts a Ray head and then
+vLLM (--distributed-executor-backend ray, which places its workers through Ray), each other
+member's container runs a Ray worker node only, with Ray's token authentication on.
 
 What each part reads from here: the engine role (which instances a host runs and at which
 rank, the address and interface its sockets use), the firewall (the peers a member accepts
@@ -23,6 +26,22 @@ from typing import List, Optional
 
 # vLLM 0.32's --master-port default (its argument parser, checked in the lab image)
 DEFAULT_MASTER_PORT = 29501
+# distributed_executor_backend: vLLM's multiprocessing executor across nodes (mp, the default), or
+# Ray (ray): a Ray head in the leader's container and a Ray worker node in each other member's,
+# with Ray's token authentication.
+BACKENDS = ("mp", "ray")
+# Ray's defaults (`ray start --help`, Ray 2.60.0 in tests/lab/images/vllm-cpu-ray): the head's GCS
+# port and its dashboard's port; the ports Ray binds on a node whatever gpufleet asks (the head's
+# Ray client server, every node's dashboard agent: ray/_private/ray_constants.py
+# DEFAULT_DASHBOARD_AGENT_LISTEN_PORT), which is why a host runs at most one Ray node.
+DEFAULT_RAY_PORT = 6379
+DEFAULT_RAY_DASHBOARD_PORT = 8265
+RAY_CLIENT_SERVER_PORT = 10001
+RAY_DASHBOARD_AGENT_PORT = 52365
+# Ray's token authentication (RAY_AUTH_MODE=token on every node and process, the token in
+# RAY_AUTH_TOKEN) came with Ray 2.52.0 (docs.ray.io, "Ray token authentication").
+RAY_MIN_VERSION = "2.52.0"
+RAY_TOKEN_MIN_LENGTH = 32
 
 
 def address_of(hostvars, name) -> str:
@@ -117,6 +136,7 @@ def context(inst, me, all_groups, facts=None, ifname=None):
     addresses = group["addresses"] if group else list(nodes)
     rank = nodes.index(me) if me in nodes else 0
     found = interface_of(addresses[rank], facts)
+    backend = inst.get("distributed_executor_backend", "mp")
     return {
         "rank": rank,
         "size": len(nodes),
@@ -128,7 +148,28 @@ def context(inst, me, all_groups, facts=None, ifname=None):
         "address": addresses[rank],
         "ifname": ifname or found,
         "ifname_source": "engine_group_ifname" if ifname else "facts" if found else None,
+        "backend": backend,
+        "ray_port": inst.get("ray_port", DEFAULT_RAY_PORT) if backend == "ray" else None,
+        "ray_dashboard_port": inst.get("ray_dashboard_port", DEFAULT_RAY_DASHBOARD_PORT) if backend == "ray" else None,
     }
+
+
+def ray_start(group: dict, gpus: int) -> List[str]:
+    """The `ray start` command of a Ray group's member (context): the head on the leader (its GCS
+    on ray_port of this node's address, the dashboard on loopback only), a worker node elsewhere
+    (joins the head, and blocks: the container lives as long as it). Ray reads RAY_AUTH_MODE and
+    RAY_AUTH_TOKEN from the environment, never from here."""
+    common = ["--node-ip-address=%s" % group["address"], "--num-gpus=%d" % gpus, "--disable-usage-stats"]
+    if group["rank"] == 0:
+        return ["ray", "start", "--head", "--port=%d" % group["ray_port"], "--dashboard-host=127.0.0.1",
+                "--dashboard-port=%d" % group["ray_dashboard_port"], *common]  # fmt: skip
+    return ["ray", "start", "--address=%s" % ray_address(group), *common, "--block"]
+
+
+def ray_address(group: dict) -> str:
+    """HOST:PORT of a Ray group's head (its GCS)."""
+    host = group["master_addr"]
+    return "%s:%d" % ("[%s]" % host if ":" in host else host, group["ray_port"])
 
 
 # The flags that differ from node to node: the rest of a member's command line is the group's.
@@ -137,7 +178,12 @@ NODE_FLAGS = ("--node-rank", "--headless")
 
 def fingerprint(rendered: dict, config_text) -> dict:
     """What must be the same on every member of a group: the image, the engine's command line
-    but for the node's own flags, and the model's config.json (sha256)."""
+    but for the node's own flags, the executor and its settings, and the model's config.json
+    (sha256).
+
+    A Ray group's executor includes the interface NCCL uses: vLLM copies the leader's NCCL_*
+    variables to its Ray workers on every node (vllm/ray/ray_env.py DEFAULT_ENV_VAR_PREFIXES,
+    vLLM 0.32), so the leader's NCCL_SOCKET_IFNAME must name the interface on every node."""
     args, skip = [], False
     for arg in rendered["engine_args"]:
         if skip:
@@ -148,7 +194,12 @@ def fingerprint(rendered: dict, config_text) -> dict:
             continue
         args.append(arg)
     digest = hashlib.sha256(config_text.encode("utf-8")).hexdigest() if config_text else None
-    return {"image": rendered["image"], "engine_args": args, "model_config_sha256": digest}
+    group = rendered.get("group") or {}
+    executor = group.get("backend", "mp")
+    if executor == "ray":
+        executor = "ray (GCS port %s, dashboard port %s, NCCL interface %s)" % (
+            group["ray_port"], group["ray_dashboard_port"], group["ifname"])
+    return {"image": rendered["image"], "engine_args": args, "executor": executor, "model_config_sha256": digest}
 
 
 def mismatches(prints, hostvars, me, var="__engine_group_print") -> List[str]:
@@ -252,15 +303,21 @@ def group_restarts(restarts, instances, hostvars) -> List[str]:
     return out
 
 
+def leader_port(group: dict) -> int:
+    """The leader's port a worker connects to: Ray's GCS (ray_port) in a Ray group, else the
+    rendezvous port (master_port)."""
+    return group["ray_port"] if group.get("backend") == "ray" else group["master_port"]
+
+
 def probes(instances) -> List[list]:
     """[address, port] pairs a node checks it reaches: the leader each worker, a worker its leader,
-    on the rendezvous port."""
+    on the port a worker joins the leader on (leader_port)."""
     out = []
     for inst in instances or []:
         group = inst.get("group")
         if not group:
             continue
         for address in group["addresses"][1:] if group["rank"] == 0 else [group["master_addr"]]:
-            if [address, group["master_port"]] not in out:
-                out.append([address, group["master_port"]])
+            if [address, leader_port(group)] not in out:
+                out.append([address, leader_port(group)])
     return out

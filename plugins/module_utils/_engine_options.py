@@ -169,6 +169,7 @@ INSTANCE_KEYS = (
     "name", "engine", "accelerator", "image", "model", "served_model_name", "port", "bind", "gpus", "cpus",
     "api_key", "ipc", "shm_size", "kv_cache_space_gib", "extra_args", "env", "secret_env", "readiness_timeout",
     "drain_timeout", "options", "surge_port", "watch_gpus", "nodes", "master_port", "cross_node_tensor_parallel",
+    "distributed_executor_backend", "ray_port", "ray_dashboard_port", "ray_token",
 )  # fmt: skip
 
 
@@ -200,6 +201,10 @@ class Engine:
             # SGLang's ServerArgs: --nnodes, --node-rank, --dist-init-addr HOST:PORT
             return ["--nnodes", str(group["size"]), "--node-rank", str(group["rank"]),
                     "--dist-init-addr", _host_port(group["master_addr"], group["master_port"])]  # fmt: skip
+        if group.get("backend") == "ray":
+            # vLLM's Ray executor: it joins the Ray cluster (RAY_ADDRESS) and places every worker
+            # on its nodes itself, so no node flags (_engine_group.ray_start runs the nodes)
+            return ["--distributed-executor-backend", "ray"]
         # vLLM's multiprocessing executor across nodes (vllm/config/parallel.py nnodes, node_rank,
         # master_addr, master_port; workers --headless serve no API)
         flags = ["--nnodes", str(group["size"]), "--node-rank", str(group["rank"]),
@@ -276,7 +281,8 @@ OWN_FLAGS = (
 # Environment names gpufleet sets or that carry secrets: not in env (secrets go in secret_env,
 # which lands in the 0600 file the container sources, never on a command line).
 OWN_ENV = ("VLLM_HOST_IP", "VLLM_API_KEY", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "HF_HUB_OFFLINE",
-           "TRANSFORMERS_OFFLINE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # fmt: skip
+           "TRANSFORMERS_OFFLINE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "RAY_ADDRESS", "RAY_AUTH_MODE",
+           "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # fmt: skip
 SECRET_ENV_HINTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
 
 

@@ -12,6 +12,7 @@ _engine_options; images and ulimits come from the role (its defaults/main.yml, p
 
 from __future__ import annotations
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import RAY_MIN_VERSION, ray_address, ray_start
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
     DRAIN_STOP_MARGIN,
     DRAIN_UNIT_MARGIN,
@@ -175,8 +176,9 @@ def deployed(inst: dict, image: str) -> dict:
 def _group_record(group):
     if not group:
         return None
-    keys = ("rank", "size", "leader", "nodes", "addresses", "master_addr", "master_port", "address", "ifname")
-    return {k: group[k] for k in keys}
+    keys = ("rank", "size", "leader", "nodes", "addresses", "master_addr", "master_port", "address", "ifname",
+            "backend", "ray_port", "ray_dashboard_port")  # fmt: skip
+    return {k: group.get(k) for k in keys}
 
 
 def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
@@ -211,6 +213,14 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         env["VLLM_HOST_IP"] = group["address"] if group else "127.0.0.1"
     if accelerator == "nvidia":
         env["NCCL_SOCKET_IFNAME"] = group["ifname"] if group else "lo"
+    ray = bool(group) and group.get("backend") == "ray"
+    if ray:
+        # Ray's token authentication on every node and every process (the head, the worker nodes,
+        # vLLM's driver and its actors); the token itself only in the 0600 secret file
+        env["RAY_AUTH_MODE"] = "token"
+        if group["rank"] == 0:
+            # vLLM's ray.init() joins the head this container started (vllm/v1/executor/ray_utils.py)
+            env["RAY_ADDRESS"] = ray_address(group)
     if accelerator == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(inst.get("kv_cache_space_gib", 1))
         if cpus:
@@ -258,10 +268,19 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     else:
         # a headless worker serves no HTTP: the leader's readiness speaks for the group
         docker += ["--no-healthcheck"]
-    entry = ["/bin/sh", "-c", 'set -a; . %s; set +a; exec "$@"' % SECRET_MOUNT, "gpufleet-engine"]
-    entry += (ENGINE_INFO[engine].group_entrypoint if group else None) or ENGINE_INFO[engine].entrypoint
+    script = 'set -a; . %s; set +a; exec "$@"' % SECRET_MOUNT
     args = engine_args(inst)
-    docker += ["--entrypoint", entry[0], image, *entry[1:], *args]
+    command = [*((ENGINE_INFO[engine].group_entrypoint if group else None) or ENGINE_INFO[engine].entrypoint), *args]
+    if ray:
+        # A Ray group: the leader starts the head (it returns once the head runs), then vLLM; a
+        # worker runs a Ray node only (vLLM's Ray executor starts its workers there). Every word
+        # is a validated port, count or address.
+        start = ray_start(group, len(inst.get("gpus") or []))
+        if group["rank"] == 0:
+            script = 'set -a; . %s; set +a; %s && exec "$@"' % (SECRET_MOUNT, " ".join(start))
+        else:
+            command = start
+    docker += ["--entrypoint", "/bin/sh", image, "-c", script, "gpufleet-engine", *command]
     return {
         "name": name,
         "engine": engine,
@@ -270,6 +289,8 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "unit": "gpufleet-engine@%s.service" % name,
         "container": "gpufleet-%s" % name,
         "docker_args": docker,
+        # the engine's own command line; a Ray group's worker runs `ray start` instead, and keeps
+        # the group's vLLM line here (what the group's members compare: _engine_group.fingerprint)
         "engine_args": args,
         "ipc": ipc,
         "shm_size": shm,
@@ -291,6 +312,8 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         # False on a multi-node instance's workers: no API, no proxy, no readiness of their own
         "serves": serves,
         "group": _group_record(group),
+        # a Ray group's member: the Ray its image must have (the role checks it before the unit starts)
+        "ray_min_version": RAY_MIN_VERSION if ray else None,
         "secret_env_names": sorted(inst.get("secret_env") or {}),
         "deployed": deployed(inst, image),
     }

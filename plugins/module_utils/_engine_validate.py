@@ -15,7 +15,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import DEFAULT_MASTER_PORT
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import (
+    BACKENDS,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_RAY_DASHBOARD_PORT,
+    DEFAULT_RAY_PORT,
+    RAY_CLIENT_SERVER_PORT,
+    RAY_DASHBOARD_AGENT_PORT,
+    RAY_TOKEN_MIN_LENGTH,
+)
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
     ACCELERATORS,
     ENGINE_INFO,
@@ -152,6 +160,7 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None, members
         for check in (_name, _gpus):
             errors.extend(check(one, seen))
     errors.extend(_surge_ports(instances))
+    errors.extend(_ray_hosts(instances, members))
     errors.extend(_downloads((defaults or {}).get("downloads") or []))
     return errors
 
@@ -573,7 +582,15 @@ def _group(one: Instance, host: dict) -> List[str]:
         for key in ("master_port", "cross_node_tensor_parallel"):
             if key in raw:
                 errors.append("%s.%s applies to a multi-node instance only (one with nodes)." % (one.where, key))
+        for key in RAY_KEYS:
+            if key in raw:
+                errors.append(
+                    "%s.%s=%s applies to a multi-node instance only (one with nodes: [LEADER, WORKER, ...]); a "
+                    "single-host instance runs the engine's own executor: remove it."
+                    % (one.where, key, _shown(key, raw[key]))
+                )
         return errors
+    errors.extend(_ray(one))
     nodes = raw["nodes"]
     me = host.get("name")
     if (
@@ -600,7 +617,9 @@ def _group(one: Instance, host: dict) -> List[str]:
             "gpu host." % (one.where, ", ".join(missing), "is" if len(missing) == 1 else "are")
         )
     port = raw.get("master_port", DEFAULT_MASTER_PORT)
-    if not is_type(port, int) or not 1024 <= port <= 65535:
+    if raw.get("distributed_executor_backend") == "ray":
+        pass  # no rendezvous port: _ray refuses master_port
+    elif not is_type(port, int) or not 1024 <= port <= 65535:
         errors.append(
             "%s.master_port=%r must be an integer from 1024 to 65535 (the leader's rendezvous port, default %d)."
             % (one.where, port, DEFAULT_MASTER_PORT)
@@ -627,6 +646,130 @@ def _group(one: Instance, host: dict) -> List[str]:
             "(%d), or set cross_node_tensor_parallel: true if the network is made for it (NVLink across nodes, "
             "or a CPU lab)." % (one.where, tp, tp * pp // one.nodes, one.nodes)
         )
+    return errors
+
+
+# The instance keys of distributed_executor_backend: ray (the first also takes mp).
+RAY_KEYS = ("distributed_executor_backend", "ray_port", "ray_dashboard_port", "ray_token")
+
+
+def _shown(key, value) -> str:
+    """A value as messages show it: the token's length only."""
+    if key == "ray_token":
+        return "(a secret, not shown: %s)" % (
+            "%d characters" % len(value) if isinstance(value, str) else type(value).__name__
+        )
+    return repr(value)
+
+
+def _ray(one: Instance) -> List[str]:
+    """distributed_executor_backend and the Ray keys of a multi-node instance."""
+    raw = one.raw
+    backend = raw.get("distributed_executor_backend", "mp")
+    where = one.where
+    if "distributed_executor_backend" in raw and one.engine == "sglang":
+        return [
+            "%s.distributed_executor_backend=%r: SGLang has no such setting (its own --dist-init-addr runtime "
+            "carries a multi-node instance); remove distributed_executor_backend and the ray_ keys."
+            % (where, backend)
+        ]
+    if backend not in BACKENDS:
+        return ["%s.distributed_executor_backend=%r must be mp (vLLM's own executor across nodes, the default) or "
+                "ray (a Ray cluster in the nodes' containers)." % (where, backend)]  # fmt: skip
+    if backend != "ray":
+        return [
+            "%s.%s=%s applies to distributed_executor_backend: ray only; set that, or remove %s."
+            % (where, key, _shown(key, raw[key]), key)
+            for key in RAY_KEYS[1:]
+            if key in raw
+        ]
+    errors = []
+    if one.accelerator == "cpu":
+        errors.append(
+            "%s.distributed_executor_backend='ray' with accelerator cpu: vLLM's CPU build cannot run on Ray (its "
+            "CpuPlatform has no ray_device_key, and vllm/v1/executor/ray_utils.py stops with \"current platform cpu "
+            "does not support ray.\"); use distributed_executor_backend: mp for CPU instances." % where
+        )
+    if "master_port" in raw:
+        errors.append(
+            "%s.master_port=%r is the mp executor's rendezvous port; with distributed_executor_backend: ray the "
+            "workers join the leader's Ray head on ray_port (default %d): remove master_port."
+            % (where, raw["master_port"], DEFAULT_RAY_PORT)
+        )
+    ports = {}
+    for key, default, what in (("ray_port", DEFAULT_RAY_PORT, "the leader's Ray head (GCS) port"),
+                               ("ray_dashboard_port", DEFAULT_RAY_DASHBOARD_PORT,
+                                "the Ray dashboard's port, on the leader's loopback")):  # fmt: skip
+        value = raw.get(key, default)
+        if not is_type(value, int) or not 1024 <= value <= 65535:
+            errors.append("%s.%s=%r must be an integer from 1024 to 65535 (%s, default %d)."
+                          % (where, key, value, what, default))  # fmt: skip
+            continue
+        if value in (raw.get("port"), surge_port(raw)):
+            errors.append("%s.%s=%d is the instance's own port or its surge copy's; give it another."
+                          % (where, key, value))  # fmt: skip
+        elif value in ports.values():
+            errors.append("%s.%s=%d is also its ray_port; give each its own port." % (where, key, value))
+        elif value in (RAY_CLIENT_SERVER_PORT, RAY_DASHBOARD_AGENT_PORT):
+            errors.append(
+                "%s.%s=%d is a port Ray binds itself on the node (its client server %d, its dashboard agent %d); "
+                "give it another." % (where, key, value, RAY_CLIENT_SERVER_PORT, RAY_DASHBOARD_AGENT_PORT)
+            )
+        ports[key] = value
+    token = raw.get("ray_token")
+    fix = ("set ray_token to a random secret of at least %d characters (e.g. `openssl rand -hex 32`), kept in a "
+           "vault; every node and process of the Ray cluster authenticates with it" % RAY_TOKEN_MIN_LENGTH)  # fmt: skip
+    if token is None:
+        errors.append("%s.ray_token is unset, and a Ray group runs with Ray's token authentication on: %s."
+                      % (where, fix))  # fmt: skip
+    elif not isinstance(token, str) or len(token) < RAY_TOKEN_MIN_LENGTH or not token.isprintable() or " " in token:
+        errors.append(
+            "%s.ray_token=%s must be a string of at least %d printable characters without spaces: %s."
+            % (where, _shown("ray_token", token), RAY_TOKEN_MIN_LENGTH, fix)
+        )
+    return errors
+
+
+def _ray_hosts(instances, members) -> List[str]:
+    """What Ray takes on this host: at most one Ray node (a Ray group led here or joined here),
+    since every Ray node binds the dashboard agent's port and the head Ray's client server port
+    whatever gpufleet asks (both on the host's network); and no instance of the host on a port
+    its Ray node binds (the head's ray_port, dashboard port, client server port; the agent's)."""
+    rays = []  # (where, instance, leads here)
+    for i, inst in enumerate(instances):
+        if isinstance(inst, dict) and inst.get("nodes") and inst.get("distributed_executor_backend") == "ray":
+            rays.append((label(i, inst), inst, True))
+    for member in members or []:
+        if member["instance"].get("distributed_executor_backend") == "ray":
+            rays.append(("%s's multi-node instance %s (node rank %d here)" % (
+                member["group"]["leader"], member["instance"].get("name"), member["rank"]), member["instance"], False))
+    if len(rays) > 1:
+        return [
+            "%s and %s both run a Ray node on this host, and two Ray nodes on one host take the same ports (the "
+            "dashboard agent's %d, the head's client server %d): put their nodes on different hosts, or set "
+            "distributed_executor_backend: mp on one of them." % (rays[0][0], rays[1][0], RAY_DASHBOARD_AGENT_PORT,
+                                                                  RAY_CLIENT_SERVER_PORT)
+        ]  # fmt: skip
+    if not rays:
+        return []
+    where, inst, leads = rays[0]
+    taken = {RAY_DASHBOARD_AGENT_PORT: "Ray's dashboard agent port"}
+    if leads:
+        taken[RAY_CLIENT_SERVER_PORT] = "the Ray head's client server port"
+        for key, default in (("ray_port", DEFAULT_RAY_PORT), ("ray_dashboard_port", DEFAULT_RAY_DASHBOARD_PORT)):
+            if is_type(inst.get(key, default), int):
+                taken[inst.get(key, default)] = "%s.%s" % (where, key)
+    errors = []
+    for i, other in enumerate(instances):
+        if not isinstance(other, dict) or other is inst:
+            continue
+        for key, value in (("port", other.get("port")), ("surge_port", surge_port(other)),
+                           ("master_port", other.get("master_port") if other.get("nodes") else None)):  # fmt: skip
+            if is_type(value, int) and value in taken:
+                errors.append(
+                    "%s.%s=%d is %s (%s runs a Ray node on this host); give one of them another port."
+                    % (label(i, other), key, value, taken[value], where)
+                )
     return errors
 
 

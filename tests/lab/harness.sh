@@ -63,7 +63,8 @@ image_tag() {
   local h
   h=$( { (cd "$dir" && find . -type f -print0 | sort -z | xargs -0 sha256sum);
          sha256sum < "$(ca_bundle)"; debian_mirror;
-         case "$name" in vllm-cpu) image_tag base ;; esac; } | sha256sum | cut -c1-12)
+         case "$name" in vllm-cpu) image_tag base ;; vllm-cpu-ray) image_tag vllm-cpu ;; esac; } \
+       | sha256sum | cut -c1-12)
   echo "gpufleet-lab/$name:$h"
 }
 
@@ -77,6 +78,7 @@ ensure_image() {
     case "$name" in
       host|base) apt_install debootstrap; "$here/images/$name/build.sh" "$tag" "$(debian_mirror)" "$(ca_bundle)" ;;
       vllm-cpu) "$here/images/vllm-cpu/build.sh" "$tag" "$(ensure_image base)" ;;
+      vllm-cpu-ray) "$here/images/vllm-cpu-ray/build.sh" "$tag" "$(ensure_image vllm-cpu)" ;;
       *) log "no build rule for image $name"; exit 2 ;;
     esac
   fi
@@ -176,8 +178,8 @@ CONFIG
 clean() {
   docker ps -aq --filter label=io.gpufleet.lab | xargs -r docker rm -f >/dev/null
   docker volume ls -q --filter label=io.gpufleet.lab | xargs -r docker volume rm >/dev/null
-  # Engine images are built on the base image: remove children first (two passes).
-  for _ in 1 2; do
+  # Engine images are built on the base image (vllm-cpu-ray on vllm-cpu): remove children first.
+  for _ in 1 2 3; do
     docker images --format '{{.Repository}}:{{.Tag}}' --filter label=io.gpufleet.lab \
       | xargs -r -n1 docker rmi >/dev/null 2>&1 || true
   done
