@@ -93,6 +93,37 @@ def test_vllm_parser_accepts_a_multi_node_instances_leader_and_worker_lines(vllm
     assert {r["parsed"]["pipeline_parallel_size"] for r in results} == {2}
 
 
+def test_vllm_parser_accepts_a_ray_groups_line(vllm_image):
+    # distributed_executor_backend: ray: the leader runs this line after its Ray head started; the
+    # worker runs a Ray node only and records the same line (tests/labtests/test_ray_group.py runs both)
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import groups
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
+
+    inst = dict(BASE, nodes=["gpu01", "gpu02"], gpus=list(range(8)), tensor_parallel_size=8,
+                distributed_executor_backend="ray", ray_token="t" * 32)  # fmt: skip
+    hv = {"gpu01": {"ansible_host": "10.0.0.1", "gpufleet_engines": [inst]},
+          "gpu02": {"ansible_host": "10.0.0.2", "gpufleet_engines": []}}  # fmt: skip
+    lines = []
+    for me in ("gpu01", "gpu02"):
+        host = {"name": me, "hosts": list(hv), "groups": groups(list(hv), hv),
+                "facts": {"interfaces": ["eth0"], "eth0": {"ipv4": {"address": hv[me]["ansible_host"]}}}}  # fmt: skip
+        out = plan(
+            hv[me]["gpufleet_engines"],
+            gpu={"count": 8, "devices": [{"index": i, "memory_total_mib": 81559} for i in range(8)]},
+            models={"/srv/models/m": {"exists": True, "config": LLAMA_405B}},
+            host=host,
+            defaults=role_defaults(),
+        )
+        assert out["errors"] == [], out["errors"]
+        lines.append(out["instances"][0]["engine_args"])
+    assert lines[0] == lines[1]
+    (result,) = _check(vllm_image, "vllm", lines[:1])
+    assert result["ok"], "vLLM rejected %s: %s" % (" ".join(lines[0]), result["error"])
+    assert result["parsed"]["distributed_executor_backend"] == "ray"
+    assert result["parsed"]["pipeline_parallel_size"] == 2 and result["parsed"]["tensor_parallel_size"] == 8
+    assert result["parsed"]["headless"] is False and result["parsed"]["node_rank"] == 0
+
+
 def test_vllm_parser_rejects_a_bad_line(vllm_image):
     # The check can fail: a flag vLLM does not know is rejected by the same parser.
     (result,) = _check(vllm_image, "vllm", [["--model", "/m", "--no-such-flag", "1"]])
