@@ -198,7 +198,10 @@ def fingerprint(rendered: dict, config_text) -> dict:
     executor = group.get("backend", "mp")
     if executor == "ray":
         executor = "ray (GCS port %s, dashboard port %s, NCCL interface %s)" % (
-            group["ray_port"], group["ray_dashboard_port"], group["ifname"])
+            group["ray_port"],
+            group["ray_dashboard_port"],
+            group["ifname"],
+        )
     return {"image": rendered["image"], "engine_args": args, "executor": executor, "model_config_sha256": digest}
 
 

@@ -12,7 +12,11 @@ _engine_options; images and ulimits come from the role (its defaults/main.yml, p
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import RAY_MIN_VERSION, ray_address, ray_start
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import (
+    RAY_MIN_VERSION,
+    ray_address,
+    ray_start,
+)
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
     DRAIN_STOP_MARGIN,
     DRAIN_UNIT_MARGIN,

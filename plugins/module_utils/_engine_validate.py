@@ -670,8 +670,7 @@ def _ray(one: Instance) -> List[str]:
     if "distributed_executor_backend" in raw and one.engine == "sglang":
         return [
             "%s.distributed_executor_backend=%r: SGLang has no such setting (its own --dist-init-addr runtime "
-            "carries a multi-node instance); remove distributed_executor_backend and the ray_ keys."
-            % (where, backend)
+            "carries a multi-node instance); remove distributed_executor_backend and the ray_ keys." % (where, backend)
         ]
     if backend not in BACKENDS:
         return ["%s.distributed_executor_backend=%r must be mp (vLLM's own executor across nodes, the default) or "
@@ -687,8 +686,8 @@ def _ray(one: Instance) -> List[str]:
     if one.accelerator == "cpu":
         errors.append(
             "%s.distributed_executor_backend='ray' with accelerator cpu: vLLM's CPU build cannot run on Ray (its "
-            "CpuPlatform has no ray_device_key, and vllm/v1/executor/ray_utils.py stops with \"current platform cpu "
-            "does not support ray.\"); use distributed_executor_backend: mp for CPU instances." % where
+            'CpuPlatform has no ray_device_key, and vllm/v1/executor/ray_utils.py stops with "current platform cpu '
+            'does not support ray."); use distributed_executor_backend: mp for CPU instances.' % where
         )
     if "master_port" in raw:
         errors.append(
@@ -741,8 +740,14 @@ def _ray_hosts(instances, members) -> List[str]:
             rays.append((label(i, inst), inst, True))
     for member in members or []:
         if member["instance"].get("distributed_executor_backend") == "ray":
-            rays.append(("%s's multi-node instance %s (node rank %d here)" % (
-                member["group"]["leader"], member["instance"].get("name"), member["rank"]), member["instance"], False))
+            rays.append(
+                (
+                    "%s's multi-node instance %s (node rank %d here)"
+                    % (member["group"]["leader"], member["instance"].get("name"), member["rank"]),
+                    member["instance"],
+                    False,
+                )
+            )
     if len(rays) > 1:
         return [
             "%s and %s both run a Ray node on this host, and two Ray nodes on one host take the same ports (the "
