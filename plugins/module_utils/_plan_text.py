@@ -76,7 +76,23 @@ def instance_lines(rendered: dict) -> List[str]:
         rendered["placement"],
         " ".join(rendered["engine_args"]),
     )
-    return [head, *rendered.get("memory_plan", []), restart_line(rendered["surge"])]
+    return [head, *_ray_lines(rendered), *rendered.get("memory_plan", []), restart_line(rendered["surge"])]
+
+
+def _ray_lines(rendered: dict) -> List[str]:
+    """What a Ray group's member runs besides (or instead of) the args above."""
+    group = rendered.get("group") or {}
+    if group.get("backend") != "ray":
+        return []
+    if group["rank"] == 0:
+        return [
+            "ray: this node starts the group's Ray head (GCS port %s, dashboard on 127.0.0.1:%s, token "
+            "authentication) and then vLLM with the args above" % (group["ray_port"], group["ray_dashboard_port"])
+        ]
+    return [
+        "ray: this node runs a Ray worker node joining %s:%s (token authentication), no vLLM process: the args "
+        "above are the group's, run on the leader" % (group["master_addr"], group["ray_port"])
+    ]
 
 
 def restart_line(surge: dict) -> str:

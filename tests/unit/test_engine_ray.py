@@ -12,9 +12,10 @@ from conftest import ROOT
 from engine_role import role_defaults
 from test_engine_group import MODELS, big, host, hostvars
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import groups, mismatches, probes
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import groups, mismatches, peers, probes
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import SECRET_MOUNT
+from ansible_collections.gpufleet.serving.plugins.module_utils._firewall import plan_firewall
 
 TOKEN = "ray-token-0123456789abcdef0123456789abcdef"
 GPU = {"count": 2, "devices": [{"index": i, "memory_total_mib": 81559} for i in range(2)]}
@@ -203,3 +204,21 @@ def test_groups_carry_their_backend_to_every_member():
     # the worker's plan has no errors and no secrets: the leader's instance carries the token
     out = plan_ray("gpu02", hv=hv)
     assert out["errors"] == [] and TOKEN not in repr(out)
+
+
+def test_the_preflight_report_says_what_each_member_runs():
+    lead, work = members()
+    assert any(line.startswith("ray: this node starts the group's Ray head (GCS port 6379, dashboard on "
+                               "127.0.0.1:8265") for line in lead["report"])  # fmt: skip
+    assert any("Ray worker node joining 10.0.0.1:6379" in line and "no vLLM process" in line for line in work["report"])
+
+
+def test_the_firewall_opens_every_port_to_the_peers_and_nothing_for_the_dashboard():
+    # Ray's node manager, object manager and worker ports are random: the group's peers get every
+    # TCP port from each other (the rule without a port), nobody else gets any Ray port
+    params = {"ssh_port": 22, "ssh_sources": [], "proxy_sources": [], "monitoring_sources": [], "allow_tcp": []}
+    found = groups(["gpu01", "gpu02", "gpu03"], hostvars(engines_a=[ray()]))
+    fw = plan_firewall(params, {"gpufleet_engines": [ray()], "engine_peers": peers(found, "gpu01")}, ["gpu_host"])
+    (rule,) = [r for r in fw["rules"] if r["port"] is None]
+    assert rule["v4"] == ["10.0.0.2/32"]
+    assert not {6379, 8265, 10001, 52365} & {r["port"] for r in fw["rules"]}
