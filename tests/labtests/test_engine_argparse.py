@@ -62,45 +62,14 @@ def test_vllm_parser_accepts_every_rendered_command_line(vllm_image):
     assert results[0]["parsed"]["tensor_parallel_size"] == 2
 
 
-def test_vllm_parser_accepts_a_multi_node_instances_leader_and_worker_lines(vllm_image):
-    # the command lines the engine role renders for node rank 0 (serves) and 1 (headless) of an
-    # instance over two hosts (tensor parallel 8 in each, pipeline parallel 2 across them)
+def _group_lines(**keys):
+    """The engine command lines the engine role renders for node rank 0 and 1 of an instance over
+    two hosts (tensor parallel 8 in each, pipeline parallel 2 across them), planned through the
+    role's own path."""
     from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import groups
     from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
 
-    inst = dict(BASE, nodes=["gpu01", "gpu02"], gpus=list(range(8)), tensor_parallel_size=8, master_port=29600)
-    hv = {"gpu01": {"ansible_host": "10.0.0.1", "gpufleet_engines": [inst]},
-          "gpu02": {"ansible_host": "10.0.0.2", "gpufleet_engines": []}}  # fmt: skip
-    argvs = []
-    for me in ("gpu01", "gpu02"):
-        host = {"name": me, "hosts": list(hv), "groups": groups(list(hv), hv),
-                "facts": {"interfaces": ["eth0"], "eth0": {"ipv4": {"address": hv[me]["ansible_host"]}}}}  # fmt: skip
-        out = plan(
-            hv[me]["gpufleet_engines"],
-            gpu={"count": 8, "devices": [{"index": i, "memory_total_mib": 81559} for i in range(8)]},
-            models={"/srv/models/m": {"exists": True, "config": LLAMA_405B}},
-            host=host,
-            defaults=role_defaults(),
-        )
-        assert out["errors"] == [], out["errors"]
-        argvs.append(out["instances"][0]["engine_args"])
-    results = _check(vllm_image, "vllm", argvs)
-    for argv, result in zip(argvs, results, strict=True):
-        assert result["ok"], "vLLM rejected %s: %s" % (" ".join(argv), result["error"])
-    assert [r["parsed"]["node_rank"] for r in results] == [0, 1]
-    assert [r["parsed"]["headless"] for r in results] == [False, True]
-    assert {r["parsed"]["master_addr"] for r in results} == {"10.0.0.1"}
-    assert {r["parsed"]["pipeline_parallel_size"] for r in results} == {2}
-
-
-def test_vllm_parser_accepts_a_ray_groups_line(vllm_image):
-    # distributed_executor_backend: ray: the leader runs this line after its Ray head started; the
-    # worker runs a Ray node only and records the same line (tests/labtests/test_ray_group.py runs both)
-    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import groups
-    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
-
-    inst = dict(BASE, nodes=["gpu01", "gpu02"], gpus=list(range(8)), tensor_parallel_size=8,
-                distributed_executor_backend="ray", ray_token="t" * 32)  # fmt: skip
+    inst = dict(BASE, nodes=["gpu01", "gpu02"], gpus=list(range(8)), tensor_parallel_size=8, **keys)
     hv = {"gpu01": {"ansible_host": "10.0.0.1", "gpufleet_engines": [inst]},
           "gpu02": {"ansible_host": "10.0.0.2", "gpufleet_engines": []}}  # fmt: skip
     lines = []
@@ -116,6 +85,25 @@ def test_vllm_parser_accepts_a_ray_groups_line(vllm_image):
         )
         assert out["errors"] == [], out["errors"]
         lines.append(out["instances"][0]["engine_args"])
+    return lines
+
+
+def test_vllm_parser_accepts_a_multi_node_instances_leader_and_worker_lines(vllm_image):
+    # the leader serves, the worker runs headless
+    argvs = _group_lines(master_port=29600)
+    results = _check(vllm_image, "vllm", argvs)
+    for argv, result in zip(argvs, results, strict=True):
+        assert result["ok"], "vLLM rejected %s: %s" % (" ".join(argv), result["error"])
+    assert [r["parsed"]["node_rank"] for r in results] == [0, 1]
+    assert [r["parsed"]["headless"] for r in results] == [False, True]
+    assert {r["parsed"]["master_addr"] for r in results} == {"10.0.0.1"}
+    assert {r["parsed"]["pipeline_parallel_size"] for r in results} == {2}
+
+
+def test_vllm_parser_accepts_a_ray_groups_line(vllm_image):
+    # distributed_executor_backend: ray: the leader runs this line after its Ray head started; the
+    # worker runs a Ray node only and records the same line (tests/labtests/test_ray_group.py runs both)
+    lines = _group_lines(distributed_executor_backend="ray", ray_token="t" * 32)
     assert lines[0] == lines[1]
     (result,) = _check(vllm_image, "vllm", lines[:1])
     assert result["ok"], "vLLM rejected %s: %s" % (" ".join(lines[0]), result["error"])
