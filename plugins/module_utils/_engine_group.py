@@ -166,10 +166,14 @@ def ray_start(group: dict, gpus: int) -> List[str]:
     return ["ray", "start", "--address=%s" % ray_address(group), *common, "--block"]
 
 
+def host_port(host: str, port) -> str:
+    """HOST:PORT, an IPv6 address in brackets."""
+    return "[%s]:%s" % (host, port) if ":" in host else "%s:%s" % (host, port)
+
+
 def ray_address(group: dict) -> str:
     """HOST:PORT of a Ray group's head (its GCS)."""
-    host = group["master_addr"]
-    return "%s:%d" % ("[%s]" % host if ":" in host else host, group["ray_port"])
+    return host_port(group["master_addr"], group["ray_port"])
 
 
 # The flags that differ from node to node: the rest of a member's command line is the group's.

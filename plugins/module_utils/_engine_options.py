@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import host_port
+
 # How an option's value becomes arguments.
 VALUE = "value"  # --flag VALUE
 SWITCH = "switch"  # --flag when true, nothing when false
@@ -200,7 +202,7 @@ class Engine:
         if self.name == "sglang":
             # SGLang's ServerArgs: --nnodes, --node-rank, --dist-init-addr HOST:PORT
             return ["--nnodes", str(group["size"]), "--node-rank", str(group["rank"]),
-                    "--dist-init-addr", _host_port(group["master_addr"], group["master_port"])]  # fmt: skip
+                    "--dist-init-addr", host_port(group["master_addr"], group["master_port"])]  # fmt: skip
         if group.get("backend") == "ray":
             # vLLM's Ray executor: it joins the Ray cluster (RAY_ADDRESS) and places every worker
             # on its nodes itself, so no node flags (_engine_group.ray_start runs the nodes)
@@ -211,10 +213,6 @@ class Engine:
                  "--master-addr", group["master_addr"], "--master-port", str(group["master_port"]),
                  "--distributed-executor-backend", "mp"]  # fmt: skip
         return flags + (["--headless"] if group["rank"] else [])
-
-
-def _host_port(host: str, port) -> str:
-    return "[%s]:%s" % (host, port) if ":" in host else "%s:%s" % (host, port)
 
 
 # How long a stopping instance drains (its requests in flight finish) unless it says

@@ -272,7 +272,9 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     else:
         # a headless worker serves no HTTP: the leader's readiness speaks for the group
         docker += ["--no-healthcheck"]
-    script = 'set -a; . %s; set +a; exec "$@"' % SECRET_MOUNT
+    # the secret file's variables into the environment, then the command
+    source = "set -a; . %s; set +a; " % SECRET_MOUNT
+    script = source + 'exec "$@"'
     args = engine_args(inst)
     command = [*((ENGINE_INFO[engine].group_entrypoint if group else None) or ENGINE_INFO[engine].entrypoint), *args]
     if ray:
@@ -281,7 +283,7 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         # is a validated port, count or address.
         start = ray_start(group, len(inst.get("gpus") or []))
         if group["rank"] == 0:
-            script = 'set -a; . %s; set +a; %s && exec "$@"' % (SECRET_MOUNT, " ".join(start))
+            script = source + '%s && exec "$@"' % " ".join(start)
         else:
             command = start
     docker += ["--entrypoint", "/bin/sh", image, "-c", script, "gpufleet-engine", *command]
