@@ -23,22 +23,33 @@ def _text(result):
 
 
 def engine_status(
-    folders, deployed=None, units=None, metrics=None, gpu=None, nccl_env=None, pending=None, quarantine=None
+    folders,
+    deployed=None,
+    units=None,
+    metrics=None,
+    gpu=None,
+    nccl_env=None,
+    pending=None,
+    quarantine=None,
+    placement=None,
 ):
+    """placement: the engine_placement module's `placement` (per instance name)."""
     instances = []
     for i, folder in enumerate(folders or []):
         unit = (units or [])[i] if i < len(units or []) else {}
         page = (metrics or [])[i] if i < len(metrics or []) else {}
         mark = (pending or [])[i] if i < len(pending or []) else {}
         held = (quarantine or [])[i] if i < len(quarantine or []) else {}
+        name = posixpath.basename(folder.get("path", "").rstrip("/"))
         instances.append(
             {
-                "name": posixpath.basename(folder.get("path", "").rstrip("/")),
+                "name": name,
                 "deployed": _text((deployed or [])[i] if i < len(deployed or []) else None),
                 "active": ((unit or {}).get("status") or {}).get("ActiveState"),
                 "metrics": (page or {}).get("content") if (page or {}).get("status") == 200 else None,
                 "pending": bool(((mark or {}).get("stat") or {}).get("exists")),
                 "quarantine": _text(held),
+                "placement": (placement or {}).get(name),
             }
         )
     return host_status(instances, gpu=gpu, nccl_env=nccl_env)

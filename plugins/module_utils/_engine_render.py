@@ -26,6 +26,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     option_for,
     options_of,
 )
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import cpu_set
 
 MODEL_MOUNT = "/models/%s"
 SECRET_MOUNT = "/run/gpufleet/secret.env"
@@ -88,18 +89,6 @@ def ipc_mode(inst: dict):
     return "private", inst.get("shm_size") or default
 
 
-def cpu_set(cpulist: str) -> set:
-    """'0-3,8' -> {0, 1, 2, 3, 8}."""
-    out = set()
-    for part in cpulist.split(","):
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            out.update(range(int(lo), int(hi) + 1))
-        elif part:
-            out.add(int(part))
-    return out
-
-
 def placement(inst: dict, gpu=None, host=None):
     """(cpuset_cpus, cpuset_mems, reason) for an instance: the CPUs and memory node next
     to its GPUs; for accelerator cpu, its `cpus` or the host's first NUMA node."""
@@ -151,7 +140,7 @@ def base_url(inst: dict) -> str:
     return "http://%s:%d" % (host if ":" not in host else "[%s]" % host, inst["port"])
 
 
-def deployed(inst: dict, image: str) -> dict:
+def deployed(inst: dict, image: str, placed=(None, None)) -> dict:
     """What the role records beside docker-run.args (deployed.json) for `gpufleet status`:
     the instance's settings as it runs, no secrets (no api_key, env or extra_args)."""
     engine = inst.get("engine", "vllm")
@@ -174,6 +163,9 @@ def deployed(inst: dict, image: str) -> dict:
         "options": options,
         # a multi-node instance: this node's rank and the group (status shows each member)
         "group": _group_record(inst.get("_group")),
+        # where the plan pins it (placement()): status compares it with what the cgroup holds
+        "cpuset_cpus": placed[0],
+        "cpuset_mems": placed[1],
     }
 
 
@@ -321,5 +313,5 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         # a Ray group's member: the Ray its image must have (the role checks it before the unit starts)
         "ray_min_version": RAY_MIN_VERSION if ray else None,
         "secret_env_names": sorted(inst.get("secret_env") or {}),
-        "deployed": deployed(inst, image),
+        "deployed": deployed(inst, image, (cpus, mems)),
     }

@@ -48,6 +48,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape impo
     load_model_config,
     parallel_errors,
 )
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import cpu_list, cpu_set
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -83,6 +84,8 @@ class Host:
     names: Dict[str, int] = field(default_factory=dict)
     ports: Dict[int, int] = field(default_factory=dict)
     gpus: Dict[int, int] = field(default_factory=dict)
+    # the CPUs of the host's NUMA nodes (gpu_facts' numa_nodes), None when unknown
+    cpus: Optional[set] = None
 
 
 @dataclass
@@ -142,6 +145,7 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None, members
         gpu_indices=[d.get("index") for d in devices if isinstance(d, dict)] if isinstance(devices, list) else None,
         models=models or {},
         images=(defaults or {}).get("images") or {},
+        cpus=_host_cpus((host or {}).get("numa_nodes")),
     )
     errors = []
     for i, inst in enumerate(instances):
@@ -563,7 +567,24 @@ def _cpu_instance(one: Instance, seen: Host) -> List[str]:
     cpus = one.raw.get("cpus")
     if cpus is not None and (not isinstance(cpus, str) or not CPU_LIST.fullmatch(cpus)):
         errors.append("%s.cpus=%r must be a CPU list like '0-7' or '0-3,8-11'." % (one.where, cpus))
+    elif cpus is not None and seen.cpus:
+        missing = cpu_set(cpus) - seen.cpus
+        if missing:
+            errors.append(
+                "%s.cpus=%r names CPU %s, which this host does not have (its NUMA nodes hold CPUs %s); "
+                "docker would refuse to start the engine. Pick CPUs from that list."
+                % (one.where, cpus, cpu_list(missing), cpu_list(seen.cpus))
+            )
     return errors
+
+
+def _host_cpus(nodes):
+    """The CPUs of gpu_facts' numa_nodes ([{node, cpus}]), or None when they are not known."""
+    found = set()
+    for node in nodes or []:
+        listed = cpu_set(node.get("cpus")) if isinstance(node, dict) else None
+        found |= listed or set()
+    return found or None
 
 
 # ---------------------------------------------------------------- multi-node

@@ -12,13 +12,15 @@ import json
 import math
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import metric_names
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import same
 
 try:  # a gpufleet dependency on the controller, where the filters that use this run
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError:  # pragma: no cover - named when used
     text_string_to_metric_families = None
 # What the report says about each instance, from deployed.json.
-DEPLOYED_FIELDS = ("engine", "image", "model", "port", "tensor_parallel_size", "gpus", "max_model_len", "node")
+DEPLOYED_FIELDS = ("engine", "image", "model", "port", "tensor_parallel_size", "gpus", "max_model_len", "node",
+                   "planned_cpus", "planned_mems")  # fmt: skip
 
 
 def _samples(text):
@@ -83,6 +85,9 @@ def read_deployed(text):
         "max_model_len": record.get("max_model_len"),
         # a multi-node instance: {rank, size, leader, nodes} of this node (None: one host)
         "node": _node(record.get("group")),
+        # the cpuset the plan gave it (None: not pinned, or deployed before gpufleet recorded it)
+        "planned_cpus": record.get("cpuset_cpus"),
+        "planned_mems": record.get("cpuset_mems"),
         "recorded": True,
     }
 
@@ -100,7 +105,8 @@ def _unknown():
 def host_status(instances, gpu=None, nccl_env=None):
     """One host's report. instances: [{name, deployed (deployed.json text or None), active
     (unit state), metrics (text or None), pending (its restart-pending mark exists), quarantine
-    (its quarantine mark's text or None)}]; gpu:
+    (its quarantine mark's text or None), placement (the engine_placement module's reading of
+    its container, or None)}]; gpu:
     gpu_facts' gpufleet_gpu; nccl_env: the text of the NCCL env file."""
     gpu = gpu or {}
     p2p = gpu.get("p2p") or {}
@@ -139,6 +145,7 @@ def host_status(instances, gpu=None, nccl_env=None):
         entry["restart_pending"] = bool(inst.get("pending"))
         # out of the proxy (the engine watchdog: a GPU fault or a hang; or an operator), and why
         entry["quarantine"] = _quarantine(inst.get("quarantine"))
+        entry["placement"] = _placement(inst.get("placement"), deployed)
         entry.update({k: load.get(k) for k in ("running", "waiting", "kv_cache_usage")})
         # the share of prompt tokens the engine found in its prefix cache since it started (what
         # the edge's cache-aware router raises)
@@ -146,6 +153,25 @@ def host_status(instances, gpu=None, nccl_env=None):
         entry["prefix_cache_hit_rate"] = round(hits / queries, 4) if queries and hits is not None else None
         report["engines"].append(entry)
     return report
+
+
+def _placement(read, deployed):
+    """Where the instance's engine runs, as the kernel holds it (its container's effective cpuset
+    and the main process's allowed lists), against the plan: {cpus, mems, process_cpus,
+    process_mems, cgroup_version, cgroup, planned_cpus, planned_mems, matches (True/False, None
+    when nothing is pinned or nothing was read), drift (the keys that differ), problem}; None when
+    the container does not run."""
+    if not isinstance(read, dict) or not read.get("pid"):
+        return None
+    keys = ("cpus", "mems", "process_cpus", "process_mems", "cgroup_version", "cgroup", "problem")
+    out = {k: read.get(k) for k in keys}
+    out["planned_cpus"], out["planned_mems"] = deployed.get("planned_cpus"), deployed.get("planned_mems")
+    checks = {k: same(out["planned_" + k], out[k]) for k in ("cpus", "mems")}
+    known = [c for c in checks.values() if c is not None]
+    out["matches"] = all(known) if known else None
+    # which of the two differ from the plan
+    out["drift"] = [k for k, c in checks.items() if c is False]
+    return out
 
 
 def _quarantine(text):

@@ -727,12 +727,26 @@ def _figure(value: Any, fmt: str) -> str:
     return "-" if value is None else fmt % value
 
 
+def _placed(p: dict | None) -> list[str]:
+    """CPUS and MEMS: the container cgroup's effective sets as the kernel holds them, with the
+    plan's beside them where they differ."""
+    if not p:
+        return ["-", "-"]
+    cells = []
+    for key in ("cpus", "mems"):
+        cell = p.get(key) or "?"
+        if key in (p.get("drift") or []):
+            cell += " (PLAN %s)" % p.get("planned_" + key)
+        cells.append(cell)
+    return cells
+
+
 def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = None) -> list[list[str]]:
     """The status table: one row per engine instance (one per host without any). With a
     monitoring host's answers, each instance's last 5 minutes too: generated tokens/s, time to
     first token p50/p95, and the alerts firing about it or its host."""
-    rows = [["HOST", "DRIVER", "NCCL", "ENGINE", "STATE", "MODEL", "TP", "GPUS", "KV CACHE", "PREFIX HITS", "RUNNING",
-             "WAITING"]]  # fmt: skip
+    rows = [["HOST", "DRIVER", "NCCL", "ENGINE", "STATE", "MODEL", "TP", "GPUS", "CPUS", "MEMS", "KV CACHE",
+             "PREFIX HITS", "RUNNING", "WAITING"]]  # fmt: skip
     if monitoring is not None:
         rows[0] += ["TOK/S", "TTFT P50/P95", "ALERTS"]
     watched = (monitoring or {}).get("instances") or {}
@@ -741,7 +755,7 @@ def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = Non
         r = reports[host]
         head = [host, r.get("driver_version") or "-", r.get("nccl") or "-"]
         if not r.get("engines"):
-            rows.append([*head, "-", "no engine", "-", "-", "-", "-", "-", "-", "-"])
+            rows.append([*head, "-", "no engine", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
             if monitoring is not None:
                 rows[-1] += ["-", "-", ",".join(host_alerts.get(host) or []) or "-"]
         for e in r.get("engines") or []:
@@ -768,6 +782,7 @@ def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = Non
                     str(e.get("model") or "-"),
                     str(e.get("tensor_parallel_size") or "-"),
                     str(e.get("gpus") or "-"),
+                    *_placed(e.get("placement")),
                     _pct(e.get("kv_cache_usage")),
                     _pct(e.get("prefix_cache_hit_rate")),
                     "-" if e.get("running") is None else str(e["running"]),

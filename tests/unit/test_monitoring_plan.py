@@ -112,5 +112,5 @@ def test_status_shows_prometheus_figures_and_firing_alerts_per_instance():
     assert rows[0][-3:] == ["TOK/S", "TTFT P50/P95", "ALERTS"]
     assert rows[1][-3:] == ["412.5", "0.012s/-", "GpufleetEngineHung,GpufleetGpuXid"]
     # no monitoring host: no such columns; a Prometheus that failed: figures unknown
-    assert len(status_rows({"g1": report})[0]) == 12
+    assert len(status_rows({"g1": report})[0]) == 14
     assert monitoring_status({"tokens_per_s": {"status": "error"}}) == {"instances": {}, "hosts": {}}

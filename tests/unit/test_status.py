@@ -124,10 +124,12 @@ def test_filter_joins_folders_units_and_metrics_and_the_table_flags_what_does_no
     assert engine_status([])["nccl"] == "no NCCL env file"
     rows = status_rows({"gpu-01": report, "gpu-02": dict(report, engines=[])})
     assert rows[0][:5] == ["HOST", "DRIVER", "NCCL", "ENGINE", "STATE"]
-    assert rows[1][3:8] == ["chat vllm:8001", "serving", "qwen", "2", "0,1"] and rows[1][10:] == ["2", "0"]
+    assert rows[1][3:8] == ["chat vllm:8001", "serving", "qwen", "2", "0,1"] and rows[1][12:] == ["2", "0"]
+    # no placement read (engine_placement not given): CPUS and MEMS unknown
+    assert rows[0][8:10] == ["CPUS", "MEMS"] and rows[1][8:10] == ["-", "-"] and chat["placement"] is None
     # the busy capture's prefix cache: 24 prompt tokens looked up, none found
-    assert chat["prefix_cache_hit_rate"] == 0.0 and rows[0][9] == "PREFIX HITS" and rows[1][9] == "0.0%"
-    assert spare["prefix_cache_hit_rate"] is None and rows[2][9] == "-"
+    assert chat["prefix_cache_hit_rate"] == 0.0 and rows[0][11] == "PREFIX HITS" and rows[1][11] == "0.0%"
+    assert spare["prefix_cache_hit_rate"] is None and rows[2][11] == "-"
     assert rows[2][4] == "NOT SERVING (unit failed)"
     assert rows[3][0] == "gpu-02" and rows[3][4] == "no engine"
 

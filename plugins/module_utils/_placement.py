@@ -1,0 +1,131 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Where an engine's processes may run, read back from the kernel (not from gpufleet's plan):
+the container's cpuset cgroup (its effective CPUs and memory nodes) and its main process's
+allowed lists. Used by the engine_placement module (gpufleet status).
+
+cgroup v1 (a `cpuset` line in /proc/PID/cgroup): /sys/fs/cgroup/cpuset/PATH/cpuset.effective_cpus
+and cpuset.effective_mems. cgroup v2 (only the `0::PATH` line): /sys/fs/cgroup/PATH/
+cpuset.cpus.effective and cpuset.mems.effective (the kernel's cgroup-v1/cpusets.rst and
+cgroup-v2.rst name these files)."""
+
+from __future__ import annotations
+
+import os
+
+
+def parse_proc_cgroup(text: str) -> dict:
+    """/proc/PID/cgroup as {controller: path}; the v2 line ("0::PATH") under "" (its empty
+    controller list). Comment lines (fixtures) are skipped."""
+    out = {}
+    for line in (text or "").splitlines():
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            out[controller] = parts[2]
+    return out
+
+
+def cpuset_files(text: str, cgroup_root: str = "/sys/fs/cgroup") -> dict:
+    """Which files hold the effective cpuset of the process whose /proc/PID/cgroup is `text`:
+    {version (1 or 2), path (the cgroup, as /proc shows it), cpus, mems (file paths)}; None when
+    the text names no cgroup."""
+    groups = parse_proc_cgroup(text)
+    if "cpuset" in groups:
+        where = os.path.join(cgroup_root, "cpuset", groups["cpuset"].lstrip("/"))
+        return {
+            "version": 1,
+            "path": groups["cpuset"],
+            "cpus": os.path.join(where, "cpuset.effective_cpus"),
+            "mems": os.path.join(where, "cpuset.effective_mems"),
+        }
+    if "" in groups:
+        where = os.path.join(cgroup_root, groups[""].lstrip("/"))
+        return {
+            "version": 2,
+            "path": groups[""],
+            "cpus": os.path.join(where, "cpuset.cpus.effective"),
+            "mems": os.path.join(where, "cpuset.mems.effective"),
+        }
+    return None
+
+
+def allowed_lists(status_text: str) -> dict:
+    """Cpus_allowed_list and Mems_allowed_list of /proc/PID/status: {cpus, mems} (None if absent)."""
+    found = {}
+    for line in (status_text or "").splitlines():
+        key, _sep, value = line.partition(":")
+        if key in ("Cpus_allowed_list", "Mems_allowed_list"):
+            found["cpus" if key.startswith("Cpus") else "mems"] = value.strip()
+    return {"cpus": found.get("cpus"), "mems": found.get("mems")}
+
+
+def cpu_set(text):
+    """'0-3,8' -> {0, 1, 2, 3, 8}; None for None or text that is not a list."""
+    if text is None:
+        return None
+    out = set()
+    try:
+        for part in str(text).strip().split(","):
+            part = part.strip()
+            if not part:
+                continue
+            lo, _sep, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        return None
+    return out
+
+
+def cpu_list(ids) -> str:
+    """{0, 1, 2, 3, 8} -> '0-3,8' (the kernel's own list format)."""
+    ids = sorted(ids or [])
+    runs = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in runs)
+
+
+def same(planned, effective):
+    """True when a planned list and an effective one name the same CPUs (or nodes); None when
+    either is unknown (nothing planned: no pinning; or nothing read)."""
+    a, b = cpu_set(planned), cpu_set(effective)
+    if a is None or b is None:
+        return None
+    return a == b
+
+
+def read(pid, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> dict:
+    """The placement of process `pid` as the kernel holds it: {pid, cgroup_version, cgroup, cpus,
+    mems (the cgroup's effective sets), process_cpus, process_mems (its allowed lists),
+    problem (None, or what could not be read)}."""
+    out = {"pid": pid, "cgroup_version": None, "cgroup": None, "cpus": None, "mems": None,
+           "process_cpus": None, "process_mems": None, "problem": None}  # fmt: skip
+    base = os.path.join(proc_root, str(pid))
+    try:
+        with open(os.path.join(base, "status")) as f:
+            lists = allowed_lists(f.read())
+        with open(os.path.join(base, "cgroup")) as f:
+            files = cpuset_files(f.read(), cgroup_root)
+    except OSError as exc:
+        out["problem"] = "cannot read %s: %s" % (base, exc.strerror or exc)
+        return out
+    out["process_cpus"], out["process_mems"] = lists["cpus"], lists["mems"]
+    if files is None:
+        out["problem"] = "%s/cgroup names no cgroup" % base
+        return out
+    out["cgroup_version"], out["cgroup"] = files["version"], files["path"]
+    for key in ("cpus", "mems"):
+        try:
+            with open(files[key]) as f:
+                out[key] = f.read().strip()
+        except OSError as exc:
+            out["problem"] = "cannot read %s: %s" % (files[key], exc.strerror or exc)
+    return out

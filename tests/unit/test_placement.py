@@ -1,0 +1,149 @@
+"""Placement read back from the kernel (gpufleet status's CPUS and MEMS), against the plan; and the
+preflight's refusal of CPUs the host does not have.
+
+The v1 fixture is a capture from this project's build machine (a container started with
+--cpuset-cpus=1 --cpuset-mems=0, Docker's cgroupfs driver); the v2 one is written by hand in
+the kernel's documented format and says so in its header (no cgroup v2 host here)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpufleet.serving.plugins.filter.engine_status import engine_status
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import render
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import (
+    allowed_lists,
+    cpu_list,
+    cpu_set,
+    cpuset_files,
+    parse_proc_cgroup,
+    read,
+    same,
+)
+from gpufleet.runner import status_rows
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "cgroup"
+V1_ID = "7e0331653a0ef3f0f4734f941d058cce1c502d424f2a25ea913af7ad68c0ff1d"
+
+
+def _fixture(version, name):
+    return (FIXTURES / version / name).read_text()
+
+
+def _files(version):
+    """NAME=VALUE lines of a fixture's cpuset-files."""
+    lines = [line for line in _fixture(version, "cpuset-files").splitlines() if line and not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
+def test_the_captured_v1_cgroup_names_the_cpuset_hierarchy_and_its_effective_files():
+    text = _fixture("v1-cgroupfs", "proc-pid-cgroup")
+    groups = parse_proc_cgroup(text)
+    assert groups["cpuset"] == groups["memory"] == groups[""] == "/docker/" + V1_ID
+    assert groups["name=systemd"] == "/docker/" + V1_ID
+    assert cpuset_files(text) == {
+        "version": 1,
+        "path": "/docker/" + V1_ID,
+        "cpus": "/sys/fs/cgroup/cpuset/docker/%s/cpuset.effective_cpus" % V1_ID,
+        "mems": "/sys/fs/cgroup/cpuset/docker/%s/cpuset.effective_mems" % V1_ID,
+    }
+    assert allowed_lists(_fixture("v1-cgroupfs", "proc-pid-status")) == {"cpus": "1", "mems": "0"}
+
+
+def test_a_v2_cgroup_reads_the_unified_trees_effective_files():
+    text = _fixture("v2-systemd", "proc-pid-cgroup")
+    files = cpuset_files(text, "/sys/fs/cgroup")
+    assert files["version"] == 2 and files["path"].startswith("/system.slice/docker-")
+    assert files["cpus"] == "/sys/fs/cgroup%s/cpuset.cpus.effective" % files["path"]
+    assert files["mems"] == "/sys/fs/cgroup%s/cpuset.mems.effective" % files["path"]
+    assert cpuset_files("") is None and cpuset_files("# nothing\n") is None
+
+
+@pytest.mark.parametrize("version", ["v1-cgroupfs", "v2-systemd"])
+def test_read_follows_proc_to_the_cgroups_effective_sets(tmp_path, version):
+    # the fixtures laid out as /proc/PID and /sys/fs/cgroup would hold them
+    proc = tmp_path / "proc" / "4242"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(_fixture(version, "proc-pid-cgroup"))
+    status = _fixture("v1-cgroupfs", "proc-pid-status") if version.startswith("v1") else (
+        "Cpus_allowed_list:\t16-31,48-63\nMems_allowed_list:\t1\n")  # fmt: skip
+    (proc / "status").write_text(status)
+    root = tmp_path / "cgroup"
+    files = cpuset_files(_fixture(version, "proc-pid-cgroup"), str(root))
+    values = _files(version)
+    for key, name in (("cpus", "effective_cpus"), ("mems", "effective_mems")):
+        Path(files[key]).parent.mkdir(parents=True, exist_ok=True)
+        v2_name = "cpuset.%s.effective" % key
+        Path(files[key]).write_text(values["cpuset." + name if version.startswith("v1") else v2_name] + "\n")
+    got = read(4242, proc_root=str(tmp_path / "proc"), cgroup_root=str(root))
+    want = {"1": ("1", "0"), "2": ("16-31,48-63", "1")}[str(files["version"])]
+    assert (got["cpus"], got["mems"]) == want and (got["process_cpus"], got["process_mems"]) == want
+    assert got["cgroup_version"] == files["version"] and got["problem"] is None
+    # a process that is gone: said, not raised
+    gone = read(999999, proc_root=str(tmp_path / "proc"), cgroup_root=str(root))
+    assert gone["cpus"] is None and "cannot read" in gone["problem"]
+
+
+def test_cpu_lists_compare_as_sets():
+    assert cpu_set("0-3,8") == {0, 1, 2, 3, 8} and cpu_list({8, 0, 1, 2, 3}) == "0-3,8"
+    assert cpu_list(cpu_set("16-31,48-63")) == "16-31,48-63" and cpu_list(set()) == ""
+    assert same("0,1", "0-1") is True and same("0-1", "1") is False
+    assert same(None, "0-1") is None and cpu_set("x-y") is None
+
+
+def _placed_report(cpus_read):
+    """A CPU instance pinned to CPU 1 by its plan, and the kernel's reading of its container."""
+    inst = {"name": "tiny", "engine": "vllm", "accelerator": "cpu", "model": "/srv/models/tiny", "port": 8001,
+            "cpus": "1"}  # fmt: skip
+    host = {"numa_nodes": [{"node": 0, "cpus": "0-1"}]}
+    deployed = render(inst, host=host)["deployed"]
+    assert (deployed["cpuset_cpus"], deployed["cpuset_mems"]) == ("1", "0")
+    reading = {"pid": 4242, "cgroup_version": 1, "cgroup": "/docker/x", "cpus": cpus_read, "mems": "0",
+               "process_cpus": cpus_read, "process_mems": "0", "problem": None}  # fmt: skip
+    return engine_status(
+        [{"path": "/etc/gpufleet/engines/tiny"}],
+        deployed=[{"content": base64.b64encode(json.dumps(deployed).encode()).decode()}],
+        units=[{"status": {"ActiveState": "active"}}],
+        placement={"tiny": reading},
+    )
+
+
+def test_status_shows_the_kernels_sets_and_marks_a_drift_from_the_plan():
+    (tiny,) = _placed_report("1")["engines"]
+    assert tiny["placement"]["matches"] is True and tiny["placement"]["drift"] == []
+    assert tiny["placement"]["planned_cpus"] == "1" and tiny["placement"]["cpus"] == "1"
+    rows = status_rows({"h": _placed_report("1")})
+    assert rows[0][8:10] == ["CPUS", "MEMS"] and rows[1][8:10] == ["1", "0"]
+    # someone widened the container's cpuset by hand (docker update --cpuset-cpus 0-1)
+    drifted = _placed_report("0-1")
+    assert drifted["engines"][0]["placement"]["matches"] is False
+    assert drifted["engines"][0]["placement"]["drift"] == ["cpus"]
+    assert status_rows({"h": drifted})[1][8:10] == ["0-1 (PLAN 1)", "0"]
+    # a container that does not run: nothing read
+    stopped = engine_status([{"path": "/etc/gpufleet/engines/tiny"}], placement={"tiny": {"pid": None}})
+    assert stopped["engines"][0]["placement"] is None
+
+
+def test_preflight_refuses_cpus_the_host_does_not_have():
+    inst = {"name": "tiny", "engine": "vllm", "accelerator": "cpu", "model": "/srv/models/tiny", "port": 8001,
+            "cpus": "1-5"}  # fmt: skip
+    host = {"numa_nodes": [{"node": 0, "cpus": "0-1"}]}
+    errors = plan([inst], host=host, models={"/srv/models/tiny": {"exists": True, "config": None}})["errors"]
+    assert any(
+        "gpufleet_engines[0] (tiny).cpus='1-5' names CPU 2-5, which this host does not have "
+        "(its NUMA nodes hold CPUs 0-1)"
+        in e
+        and "Pick CPUs from that list" in e
+        for e in errors
+    ), errors
+    # on the host's CPUs, or with the layout unknown: no such error
+    for ok_host, cpus in ((host, "1"), ({}, "1-5")):
+        errors = plan(
+            [dict(inst, cpus=cpus)], host=ok_host, models={"/srv/models/tiny": {"exists": True, "config": None}}
+        )["errors"]
+        assert not [e for e in errors if ".cpus=" in e], errors
