@@ -65,6 +65,8 @@ def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
         (engine,) = json.loads(status.stdout)["hosts"]["demo-gpu"]["engines"]
         assert engine["serving"] and engine["model"] == "tiny-llama" and engine["port"] == 8001
         assert isinstance(engine["kv_cache_usage"], float) and engine["running"] == 0
+        # where it runs, read back from its container's cgroup: the CPUs the plan gave it
+        assert engine["placement"]["matches"] is True and engine["placement"]["cpus"], engine["placement"]
 
         bench = _gpufleet(
             "bench", url, "--concurrency", "1,2", "--requests", "4", "--output-tokens", "8", "--json",
