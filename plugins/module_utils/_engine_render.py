@@ -26,7 +26,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     option_for,
     options_of,
 )
-from ansible_collections.gpufleet.serving.plugins.module_utils._placement import cpu_set
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import cpu_set, slice_name, slice_unit
 
 MODEL_MOUNT = "/models/%s"
 SECRET_MOUNT = "/run/gpufleet/secret.env"
@@ -236,6 +236,11 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     for key in sorted(ulimits):
         docker += ["--ulimit", "%s=%s" % (key, ulimits[key])]
     docker += ["--ipc", "host"] if ipc == "host" else ["--ipc", "private", "--shm-size", shm]
+    # engine_cgroup_slices: the container's cgroup goes under the instance's systemd slice (Docker's
+    # systemd cgroup driver), which holds the same placement where operators look for it
+    slice_ = {"name": slice_name(name), "text": slice_unit(name, cpus, mems)} if defaults.get("slices") else None
+    if slice_:
+        docker += ["--cgroup-parent", slice_["name"]]
     if cpus:
         docker += ["--cpuset-cpus", cpus]
     if mems:
@@ -295,6 +300,8 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "cpuset_cpus": cpus,
         "cpuset_mems": mems,
         "placement": why,
+        # engine_cgroup_slices: {name, text} of its slice file; None when off
+        "slice": slice_,
         "port": port,
         "base_url": base_url(inst),
         "address": upstream_address(inst),

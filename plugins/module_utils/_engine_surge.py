@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import is_type, options_of
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import render
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import slice_name, slice_unit
 
 SURGE_PORT_OFFSET = 1000
 # Two vLLM copies share a GPU only when both budgets fit with room for a second CUDA context.
@@ -94,6 +95,12 @@ def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults
     args[args.index("gpufleet-%s" % name)] = "gpufleet-%s-surge" % name
     at = args.index("--label")
     args[at : at + 2] = ["--label", "io.gpufleet.engine=%s" % name, "--label", "io.gpufleet.surge=true"]
+    out["slice"] = None
+    if copy["slice"]:
+        # its own slice, with the copy's placement (a sibling of the instance's)
+        out["slice"] = {"name": slice_name(name, copy=True),
+                        "text": slice_unit(name, copy["cpuset_cpus"], copy["cpuset_mems"], copy=True)}  # fmt: skip
+        args[args.index(copy["slice"]["name"])] = out["slice"]["name"]
     out.update(
         docker_args=args, container="gpufleet-%s-surge" % name, base_url=copy["base_url"], address=copy["address"]
     )

@@ -129,3 +129,35 @@ def read(pid, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> 
         except OSError as exc:
             out["problem"] = "cannot read %s: %s" % (files[key], exc.strerror or exc)
     return out
+
+
+# ------------------------------------------------------------------ systemd slices (engine_cgroup_slices)
+
+
+def slice_name(name: str, copy: bool = False) -> str:
+    """The slice of instance `name` (copy: of its surge copy, a sibling, not a child: the copy may
+    run on other GPUs, hence another node). The name is escaped as systemd-escape does: a dash
+    in a slice name is a level of nesting, so unescaped, instance `llama-70b` would be a child of
+    instance `llama`'s slice and held to its CPUs. Instance names are [a-z0-9-]."""
+    return "gpufleet-%s-%s.slice" % ("surge" if copy else "engine", name.replace("-", "\\x2d"))
+
+
+def slice_unit(name: str, cpus, mems, copy: bool = False) -> str:
+    """The slice file: the placement the plan gives the instance (or its surge copy)."""
+    what = "the surge copy of engine instance %s" % name if copy else "engine instance %s" % name
+    lines = [
+        "# gpufleet: where %s runs (its container and its unit's docker client)." % what,
+        "# systemd enforces AllowedCPUs/AllowedMemoryNodes on cgroup v2. On cgroup v1 it cannot hold a",
+        "# cpuset: the container's own --cpuset-cpus/--cpuset-mems (the same sets) enforce them there.",
+        "[Unit]",
+        "Description=gpufleet %s" % what,
+        "",
+        "[Slice]",
+    ]
+    if cpus:
+        lines.append("AllowedCPUs=%s" % cpus)
+    if mems:
+        lines.append("AllowedMemoryNodes=%s" % mems)
+    if not cpus and not mems:
+        lines.append("# no pinning: the plan found no NUMA placement for it")
+    return "\n".join(lines) + "\n"

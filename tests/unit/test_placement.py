@@ -24,6 +24,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._placement import
     parse_proc_cgroup,
     read,
     same,
+    slice_name,
 )
 from gpufleet.runner import status_rows
 
@@ -147,3 +148,33 @@ def test_preflight_refuses_cpus_the_host_does_not_have():
             [dict(inst, cpus=cpus)], host=ok_host, models={"/srv/models/tiny": {"exists": True, "config": None}}
         )["errors"]
         assert not [e for e in errors if ".cpus=" in e], errors
+
+
+def test_slices_escape_names_and_hold_the_placement_of_the_instance_and_its_copy():
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge
+
+    # a dash in a slice name nests it: llama-70b's slice would sit under llama's and share its CPUs
+    assert slice_name("llama-70b") == "gpufleet-engine-llama\\x2d70b.slice"
+    assert slice_name("qwen", copy=True) == "gpufleet-surge-qwen.slice"
+    inst = {"name": "tiny-b", "engine": "vllm", "accelerator": "cpu", "model": "/m", "port": 8002, "cpus": "1",
+            "image": "vllm-cpu:1"}  # fmt: skip
+    host = {"numa_nodes": [{"node": 0, "cpus": "0-1"}]}
+    on = render(inst, host=host, defaults={"slices": True})
+    args = on["docker_args"]
+    assert args[args.index("--cgroup-parent") + 1] == "gpufleet-engine-tiny\\x2db.slice" == on["slice"]["name"]
+    # the container's own cpuset stays (cgroup v1 cannot enforce a slice's)
+    assert args[args.index("--cpuset-cpus") + 1] == "1" and args[args.index("--cpuset-mems") + 1] == "0"
+    unit = on["slice"]["text"].splitlines()
+    assert unit[unit.index("[Slice]") + 1 :] == ["AllowedCPUs=1", "AllowedMemoryNodes=0"]
+    copy = surge(inst, [inst], None, host=host, defaults={"slices": True})
+    assert copy["slice"]["name"] == "gpufleet-surge-tiny\\x2db.slice"
+    assert copy["docker_args"][copy["docker_args"].index("--cgroup-parent") + 1] == copy["slice"]["name"]
+    assert "AllowedCPUs=1" in copy["slice"]["text"].splitlines()
+    # off (the default): no slice, no --cgroup-parent; the rest of the command line is the same
+    off = render(inst, host=host, defaults={})
+    assert off["slice"] is None and "--cgroup-parent" not in off["docker_args"]
+    assert [a for a in args if a not in ("--cgroup-parent", on["slice"]["name"])] == off["docker_args"]
+    assert surge(inst, [inst], None, host=host, defaults={})["slice"] is None
+    # no placement known: the slice says so and sets nothing
+    bare = render(dict(inst, cpus=None), host={}, defaults={"slices": True})
+    assert "AllowedCPUs=" not in bare["slice"]["text"] and "no pinning" in bare["slice"]["text"]
