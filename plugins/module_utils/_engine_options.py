@@ -172,6 +172,7 @@ INSTANCE_KEYS = (
     "api_key", "ipc", "shm_size", "kv_cache_space_gib", "extra_args", "env", "secret_env", "readiness_timeout",
     "drain_timeout", "options", "surge_port", "watch_gpus", "nodes", "master_port", "cross_node_tensor_parallel",
     "distributed_executor_backend", "ray_port", "ray_dashboard_port", "ray_token",
+    "exclusive_cpus", "cpu_weight", "io_weight", "memory_low", "memory_max",
 )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render im
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_validate import CONTROL, validate
 from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import ModelConfigError, load_model_config
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import cpu_list, cpu_set, housekeeping_dropin
 from ansible_collections.gpufleet.serving.plugins.module_utils._plan_text import (
     instance_lines,
     plan_lines,
@@ -159,7 +160,51 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
         rendered.append(out)
     if errors:
         return {"errors": errors, "instances": []}
-    return {"errors": [], "instances": rendered}
+    return {
+        "errors": [],
+        "instances": rendered,
+        "cpu_split": split_lines(host, rendered, defaults),
+        "housekeeping": housekeeping(host),
+    }
+
+
+def housekeeping(host) -> dict:
+    """engine_housekeeping_cpus as the role applies it: {cpus: the kernel's own list form (what
+    /proc/PID/status shows, "" for none), all: every CPU of the host's NUMA nodes, dropin: the
+    services' drop-in (None for none)}."""
+    keep = cpu_set((host or {}).get("housekeeping_cpus")) or set()
+    every = set()
+    for node in (host or {}).get("numa_nodes") or []:
+        if isinstance(node, dict):
+            every |= cpu_set(node.get("cpus")) or set()
+    return {
+        "cpus": cpu_list(keep),
+        "all": cpu_list(every),
+        "dropin": housekeeping_dropin(cpu_list(keep)) if keep else None,
+    }
+
+
+def split_lines(host, rendered, defaults=None) -> list:
+    """The host's CPUs as the plan shares them (what the preflight prints): each NUMA node, the
+    housekeeping CPUs and the services pinned there, and each instance's CPUs."""
+    nodes = [n for n in (host or {}).get("numa_nodes") or [] if isinstance(n, dict) and n.get("cpus")]
+    lines = []
+    if nodes:
+        lines.append("NUMA nodes: %s" % "; ".join("%s: CPUs %s" % (n.get("node"), n["cpus"]) for n in nodes))
+    keep = (host or {}).get("housekeeping_cpus")
+    units = (defaults or {}).get("housekeeping_units") or []
+    if keep:
+        lines.append("housekeeping CPUs %s: %s" % (keep, ", ".join(units) or "no service listed"))
+    else:
+        lines.append("housekeeping CPUs: none kept (engine_housekeeping_cpus); the host's services run anywhere")
+    for out in rendered:
+        where = out["cpuset_cpus"] or "any CPU"
+        mems = " memory node %s" % out["cpuset_mems"] if out["cpuset_mems"] else ""
+        lines.append(
+            "%s: CPUs %s%s%s (%s)"
+            % (out["name"], where, mems, ", exclusive" if out.get("exclusive_cpus") else "", out["placement"])
+        )
+    return lines
 
 
 def _group_errors(where, group, me) -> list:

@@ -26,7 +26,13 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     option_for,
     options_of,
 )
-from ansible_collections.gpufleet.serving.plugins.module_utils._placement import cpu_set, slice_name, slice_unit
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import (
+    SLICE_RESOURCES,
+    cpu_list,
+    cpu_set,
+    slice_name,
+    slice_unit,
+)
 
 MODEL_MOUNT = "/models/%s"
 SECRET_MOUNT = "/run/gpufleet/secret.env"
@@ -91,30 +97,47 @@ def ipc_mode(inst: dict):
 
 def placement(inst: dict, gpu=None, host=None):
     """(cpuset_cpus, cpuset_mems, reason) for an instance: the CPUs and memory node next
-    to its GPUs; for accelerator cpu, its `cpus` or the host's first NUMA node."""
+    to its GPUs; for accelerator cpu, the host's first NUMA node. An instance's own `cpus`
+    wins (validation keeps a GPU instance's within its GPUs' node); a default set leaves out
+    the host's housekeeping CPUs (engine_housekeeping_cpus: nginx, the exporters, the watchdog)."""
     gpu = gpu or {}
     host = host or {}
     nodes = host.get("numa_nodes") or []
     node_cpus = {n["node"]: n["cpus"] for n in nodes if n.get("cpus")}
+    keep = cpu_set(host.get("housekeeping_cpus")) or set()
+
+    def rest(cpus):
+        """A default CPU list less the housekeeping CPUs."""
+        left = (cpu_set(cpus) or set()) - keep
+        return cpu_list(left) if keep and left else cpus
+
+    spared = ", less the housekeeping CPUs %s" % cpu_list(keep) if keep else ""
+
+    def mems_of(cpus):
+        return ",".join(str(n) for n, c in sorted(node_cpus.items()) if cpu_set(c) & cpu_set(cpus)) or None
+
+    if inst.get("cpus"):
+        return inst["cpus"], mems_of(inst["cpus"]), "cpus given for the instance"
     if inst.get("accelerator", "nvidia") == "cpu":
-        if inst.get("cpus"):
-            mems = sorted(n for n, c in node_cpus.items() if cpu_set(c) & cpu_set(inst["cpus"]))
-            return inst["cpus"], ",".join(map(str, mems)) or None, "cpus given for the instance"
         if node_cpus:
             first = sorted(node_cpus)[0]
-            return node_cpus[first], str(first), "CPU instance on NUMA node %d" % first
+            return rest(node_cpus[first]), str(first), "CPU instance on NUMA node %d%s" % (first, spared)
         return None, None, "host NUMA layout unknown: no pinning"
     devices = {d["index"]: d for d in gpu.get("devices") or []}
     mine = [devices[g] for g in inst.get("gpus") or [] if g in devices]
     numa = sorted({d["numa_node"] for d in mine if d.get("numa_node") is not None})
     cpus = sorted({d["cpus"] for d in mine if d.get("cpus")})
     if len(numa) == 1 and numa[0] in node_cpus:
-        return node_cpus[numa[0]], str(numa[0]), "GPUs %s sit on NUMA node %d" % (inst.get("gpus"), numa[0])
+        return (
+            rest(node_cpus[numa[0]]),
+            str(numa[0]),
+            "GPUs %s sit on NUMA node %d%s" % (inst.get("gpus"), numa[0], spared),
+        )
     if len(cpus) == 1:
         return (
-            cpus[0],
+            rest(cpus[0]),
             (str(numa[0]) if len(numa) == 1 else None),
-            "GPUs %s are local to CPUs %s" % (inst.get("gpus"), cpus[0]),
+            "GPUs %s are local to CPUs %s%s" % (inst.get("gpus"), cpus[0], spared),
         )
     if len(numa) > 1:
         return (
@@ -238,7 +261,12 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     docker += ["--ipc", "host"] if ipc == "host" else ["--ipc", "private", "--shm-size", shm]
     # engine_cgroup_slices: the container's cgroup goes under the instance's systemd slice (Docker's
     # systemd cgroup driver), which holds the same placement where operators look for it
-    slice_ = {"name": slice_name(name), "text": slice_unit(name, cpus, mems)} if defaults.get("slices") else None
+    resources = {key: inst.get(key) for key, _setting in SLICE_RESOURCES}
+    slice_ = (
+        {"name": slice_name(name), "text": slice_unit(name, cpus, mems, resources=resources)}
+        if defaults.get("slices")
+        else None
+    )
     if slice_:
         docker += ["--cgroup-parent", slice_["name"]]
     if cpus:
@@ -300,6 +328,7 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "cpuset_cpus": cpus,
         "cpuset_mems": mems,
         "placement": why,
+        "exclusive_cpus": bool(inst.get("exclusive_cpus")),
         # engine_cgroup_slices: {name, text} of its slice file; None when off
         "slice": slice_,
         "port": port,

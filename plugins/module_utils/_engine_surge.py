@@ -87,9 +87,11 @@ def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults
         _gpu_room(inst, instances, gpu, out)
     # The copy's arguments are written whether or not it fits now (a CPU host's free memory
     # changes from run to run; the file must not): where it would run, else the instance's GPUs.
-    copy = render(
-        dict(inst, port=out["port"], gpus=out["gpus"] or inst.get("gpus") or []), gpu=gpu, host=host, defaults=defaults
-    )
+    moved = dict(inst, port=out["port"], gpus=out["gpus"] or inst.get("gpus") or [])
+    if moved["gpus"] != (inst.get("gpus") or []):
+        # a copy on other GPUs runs next to them, not on the instance's own `cpus`
+        moved.pop("cpus", None)
+    copy = render(moved, gpu=gpu, host=host, defaults=defaults)
     name = inst["name"]
     args = list(copy["docker_args"])
     args[args.index("gpufleet-%s" % name)] = "gpufleet-%s-surge" % name
@@ -99,7 +101,8 @@ def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults
     if copy["slice"]:
         # its own slice, with the copy's placement (a sibling of the instance's)
         out["slice"] = {"name": slice_name(name, copy=True),
-                        "text": slice_unit(name, copy["cpuset_cpus"], copy["cpuset_mems"], copy=True)}  # fmt: skip
+                        "text": slice_unit(name, copy["cpuset_cpus"], copy["cpuset_mems"], copy=True,
+                                          resources=inst)}  # fmt: skip
         args[args.index(copy["slice"]["name"])] = out["slice"]["name"]
     out.update(
         docker_args=args, container="gpufleet-%s-surge" % name, base_url=copy["base_url"], address=copy["address"]

@@ -41,14 +41,14 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     label,
     options_of,
 )
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import image_key, image_of
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import image_key, image_of, placement
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import SURGE_PORT_OFFSET, surge_port
 from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import (
     ModelConfigError,
     load_model_config,
     parallel_errors,
 )
-from ansible_collections.gpufleet.serving.plugins.module_utils._placement import cpu_list, cpu_set
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import SLICE_RESOURCES, cpu_list, cpu_set
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -86,6 +86,13 @@ class Host:
     gpus: Dict[int, int] = field(default_factory=dict)
     # the CPUs of the host's NUMA nodes (gpu_facts' numa_nodes), None when unknown
     cpus: Optional[set] = None
+    # {node: its CPUs} and {GPU index: its NUMA node}, where gpu_facts knows them
+    node_cpus: Dict[int, set] = field(default_factory=dict)
+    gpu_nodes: Dict[int, int] = field(default_factory=dict)
+    # engine_housekeeping_cpus, as a set (empty: none kept for the host's services)
+    housekeeping: set = field(default_factory=set)
+    # engine_cgroup_slices: each instance's slice holds its resource settings
+    slices: bool = False
 
 
 @dataclass
@@ -146,8 +153,16 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None, members
         models=models or {},
         images=(defaults or {}).get("images") or {},
         cpus=_host_cpus((host or {}).get("numa_nodes")),
+        node_cpus=_node_cpus((host or {}).get("numa_nodes")),
+        gpu_nodes={
+            d["index"]: d["numa_node"]
+            for d in (devices if isinstance(devices, list) else [])
+            if isinstance(d, dict) and is_type(d.get("index"), int) and is_type(d.get("numa_node"), int)
+        },
+        housekeeping=cpu_set((host or {}).get("housekeeping_cpus")) or set(),
+        slices=bool((defaults or {}).get("slices")),
     )
-    errors = []
+    errors = _housekeeping((host or {}).get("housekeeping_cpus"), seen)
     for i, inst in enumerate(instances):
         if not isinstance(inst, dict):
             errors.append("%s must be a mapping with at least name, engine and model." % label(i, inst))
@@ -164,6 +179,9 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None, members
         for check in (_name, _gpus):
             errors.extend(check(one, seen))
     errors.extend(_surge_ports(instances))
+    if not errors:
+        # where each instance lands needs valid instances: checked once they are
+        errors.extend(_cpu_split(instances, members, gpu, host))
     errors.extend(_ray_hosts(instances, members))
     errors.extend(_downloads((defaults or {}).get("downloads") or []))
     return errors
@@ -558,33 +576,182 @@ def _gpu(one: Instance, seen: Host, g: int) -> List[str]:
 def _cpu_instance(one: Instance, seen: Host) -> List[str]:
     if one.accelerator != "cpu":
         return []
-    errors = []
     space = one.raw.get("kv_cache_space_gib", 1)
     if not is_type(space, int) or space < 1:
-        errors.append(
+        return [
             "%s.kv_cache_space_gib=%r must be an integer of at least 1 (VLLM_CPU_KVCACHE_SPACE)." % (one.where, space)
-        )
+        ]
+    return []
+
+
+def _cpus(one: Instance, seen: Host) -> List[str]:
+    """An instance's own `cpus`: CPUs the host has, next to its GPUs, off the housekeeping CPUs."""
     cpus = one.raw.get("cpus")
-    if cpus is not None and (not isinstance(cpus, str) or not CPU_LIST.fullmatch(cpus)):
-        errors.append("%s.cpus=%r must be a CPU list like '0-7' or '0-3,8-11'." % (one.where, cpus))
-    elif cpus is not None and seen.cpus:
-        missing = cpu_set(cpus) - seen.cpus
-        if missing:
+    if cpus is None:
+        return []
+    if not isinstance(cpus, str) or not CPU_LIST.fullmatch(cpus):
+        return ["%s.cpus=%r must be a CPU list like '0-7' or '0-3,8-11'." % (one.where, cpus)]
+    wanted = cpu_set(cpus)
+    if seen.cpus and wanted - seen.cpus:
+        return [
+            "%s.cpus=%r names CPU %s, which this host does not have (its NUMA nodes hold CPUs %s); "
+            "docker would refuse to start the engine. Pick CPUs from that list."
+            % (one.where, cpus, cpu_list(wanted - seen.cpus), cpu_list(seen.cpus))
+        ]
+    errors = []
+    nodes = sorted({seen.gpu_nodes[g] for g in one.gpus if g in seen.gpu_nodes})
+    if one.accelerator != "cpu" and len(nodes) == 1 and nodes[0] in seen.node_cpus:
+        local = seen.node_cpus[nodes[0]]
+        if wanted - local:
             errors.append(
-                "%s.cpus=%r names CPU %s, which this host does not have (its NUMA nodes hold CPUs %s); "
-                "docker would refuse to start the engine. Pick CPUs from that list."
-                % (one.where, cpus, cpu_list(missing), cpu_list(seen.cpus))
+                "%s.cpus=%r names CPU %s, away from its GPUs %s on NUMA node %d: every copy to and from those GPUs "
+                "would cross the sockets. Pick CPUs from NUMA node %d's %s, or leave cpus out (the whole node)."
+                % (one.where, cpus, cpu_list(wanted - local), one.gpus, nodes[0], nodes[0], cpu_list(local))
             )
+    if wanted & seen.housekeeping:
+        errors.append(
+            "%s.cpus=%r takes CPU %s, which engine_housekeeping_cpus=%r keeps for the host's own services (nginx, "
+            "the exporters, the watchdog). Pick other CPUs, or take them out of engine_housekeeping_cpus."
+            % (one.where, cpus, cpu_list(wanted & seen.housekeeping), cpu_list(seen.housekeeping))
+        )
+    return errors
+
+
+MEMORY_SIZE = re.compile(r"^[1-9][0-9]*[KMGT]?$")
+SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _size_bytes(value: str) -> int:
+    """'48G' -> bytes (systemd's base-1024 suffixes)."""
+    unit = value[-1] if value[-1] in "KMGT" else ""
+    return int(value[: len(value) - len(unit)]) * SIZE_UNITS[unit]
+
+
+def _slice_resources(one: Instance, seen: Host) -> List[str]:
+    """exclusive_cpus, and the slice's weights and memory settings (engine_cgroup_slices)."""
+    raw = one.raw
+    errors = []
+    if "exclusive_cpus" in raw and not isinstance(raw["exclusive_cpus"], bool):
+        errors.append("%s.exclusive_cpus=%r must be true or false." % (one.where, raw["exclusive_cpus"]))
+    given = [key for key, _setting in SLICE_RESOURCES if raw.get(key) is not None]
+    for key in ("cpu_weight", "io_weight"):
+        value = raw.get(key)
+        if value is not None and (not is_type(value, int) or not 1 <= value <= 10000):
+            errors.append(
+                "%s.%s=%r must be an integer from 1 to 10000 (systemd's %s; 100 is every service's default)."
+                % (one.where, key, value, dict(SLICE_RESOURCES)[key])
+            )
+    sizes = {}
+    for key in ("memory_low", "memory_max"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not MEMORY_SIZE.fullmatch(value):
+            errors.append(
+                "%s.%s=%r must be a size like '64G' or '512M' (bytes, or K, M, G, T: powers of 1024)."
+                % (one.where, key, value)
+            )
+        else:
+            sizes[key] = _size_bytes(value)
+    if "memory_low" in sizes and "memory_max" in sizes and sizes["memory_low"] > sizes["memory_max"]:
+        errors.append(
+            "%s.memory_low=%r is above its memory_max=%r: the protection cannot exceed the ceiling; lower memory_low."
+            % (one.where, raw["memory_low"], raw["memory_max"])
+        )
+    space = raw.get("kv_cache_space_gib", 1)
+    if (
+        one.accelerator == "cpu"
+        and "memory_max" in sizes
+        and is_type(space, int)
+        and sizes["memory_max"] <= space * 2**30
+    ):
+        errors.append(
+            "%s.memory_max=%r leaves no room beyond its KV cache (kv_cache_space_gib=%d GiB, held in host memory) for "
+            "the model's weights and the engine: the kernel would kill it while it loads. Raise memory_max above "
+            "%d GiB plus the model's size." % (one.where, raw["memory_max"], space, space)
+        )
+    if given and not seen.slices:
+        errors.append(
+            "%s sets %s, settings of the instance's systemd slice, but engine_cgroup_slices is false: set "
+            "engine_cgroup_slices: true (with container_runtime_cgroup_driver: systemd), or remove %s."
+            % (one.where, ", ".join(given), "it" if len(given) == 1 else "them")
+        )
     return errors
 
 
 def _host_cpus(nodes):
     """The CPUs of gpu_facts' numa_nodes ([{node, cpus}]), or None when they are not known."""
     found = set()
-    for node in nodes or []:
-        listed = cpu_set(node.get("cpus")) if isinstance(node, dict) else None
-        found |= listed or set()
+    for node in _node_cpus(nodes).values():
+        found |= node
     return found or None
+
+
+def _node_cpus(nodes) -> Dict[int, set]:
+    """{node: its CPUs} of gpu_facts' numa_nodes."""
+    out = {}
+    for node in nodes if isinstance(nodes, list) else []:
+        listed = cpu_set(node.get("cpus")) if isinstance(node, dict) else None
+        if listed and is_type(node.get("node"), int):
+            out[node["node"]] = listed
+    return out
+
+
+def _housekeeping(cpus, seen: Host) -> List[str]:
+    """engine_housekeeping_cpus: a CPU list of this host, leaving each NUMA node CPUs for engines."""
+    if cpus in (None, ""):
+        return []
+    if not isinstance(cpus, str) or not CPU_LIST.fullmatch(cpus):
+        return [
+            "engine_housekeeping_cpus=%r must be a CPU list like '0-1' or '0,32' (the CPUs the host's own services "
+            'run on), or "" for none.' % (cpus,)
+        ]
+    wanted = cpu_set(cpus)
+    if seen.cpus and wanted - seen.cpus:
+        return [
+            "engine_housekeeping_cpus=%r names CPU %s, which this host does not have (its NUMA nodes hold CPUs %s). "
+            "Pick CPUs from that list." % (cpus, cpu_list(wanted - seen.cpus), cpu_list(seen.cpus))
+        ]
+    return [
+        "engine_housekeeping_cpus=%r takes every CPU of NUMA node %d (%s), leaving none there for the engines. "
+        "Keep a few CPUs of each node, e.g. the first core of each." % (cpus, node, cpu_list(listed))
+        for node, listed in sorted(seen.node_cpus.items())
+        if listed <= wanted
+    ]
+
+
+def _cpu_split(instances, members, gpu, host) -> List[str]:
+    """An instance with exclusive_cpus shares none of its CPUs with another instance on this host
+    (a multi-node instance's worker here included) as placement() lands them."""
+    placed = []
+    for i, inst in enumerate(instances):
+        placed.append((label(i, inst), inst, placement(inst, gpu, host)[0]))
+    for member in members or []:
+        inst = member["instance"]
+        where = "%s's multi-node instance %s" % (member["group"]["leader"], inst.get("name"))
+        placed.append((where, inst, placement(inst, gpu, host)[0]))
+    errors = []
+    for i, (where, inst, cpus) in enumerate(placed):
+        if not inst.get("exclusive_cpus"):
+            continue
+        if not cpus:
+            errors.append(
+                "%s.exclusive_cpus is true, but the plan pins it to no CPUs (%s): give it cpus."
+                % (where, placement(inst, gpu, host)[2])
+            )
+            continue
+        for j, (other_where, _other, other_cpus) in enumerate(placed):
+            both = cpu_set(cpus) & (
+                cpu_set(other_cpus) if other_cpus else (_host_cpus((host or {}).get("numa_nodes")) or set())
+            )
+            # a pair of exclusive instances is told once, at the first of the two
+            if j != i and both and not (j < i and placed[j][1].get("exclusive_cpus")):
+                errors.append(
+                    "%s.exclusive_cpus is true, but %s runs on its CPU %s too (%s on %s, %s on %s): give the two "
+                    "disjoint cpus (e.g. split the NUMA node's CPUs between them)."
+                    % (where, other_where, cpu_list(both), where, cpus, other_where, other_cpus or "every CPU")
+                )
+    return errors
 
 
 # ---------------------------------------------------------------- multi-node
@@ -875,6 +1042,8 @@ CHECKS = (
     _secret_env,
     _gpus,
     _cpu_instance,
+    _cpus,
+    _slice_resources,
     _ipc,
     _shm_size,
     _readiness_timeout,

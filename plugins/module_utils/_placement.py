@@ -142,8 +142,22 @@ def slice_name(name: str, copy: bool = False) -> str:
     return "gpufleet-%s-%s.slice" % ("surge" if copy else "engine", name.replace("-", "\\x2d"))
 
 
-def slice_unit(name: str, cpus, mems, copy: bool = False) -> str:
-    """The slice file: the placement the plan gives the instance (or its surge copy)."""
+# The instance keys that become the slice's resource settings (engine_cgroup_slices), in the
+# slice file's order: systemd's own names. On cgroup v1 systemd maps CPUWeight to cpu.shares and
+# MemoryMax to memory.limit_in_bytes (both held, see docs/notes/numa-slices-findings.md F1); it
+# has no v1 form of MemoryLow, and IOWeight reaches v1's blkio only where the blkio hierarchy
+# follows the slice.
+SLICE_RESOURCES = (
+    ("cpu_weight", "CPUWeight"),
+    ("io_weight", "IOWeight"),
+    ("memory_low", "MemoryLow"),
+    ("memory_max", "MemoryMax"),
+)
+
+
+def slice_unit(name: str, cpus, mems, copy: bool = False, resources=None) -> str:
+    """The slice file: the placement the plan gives the instance (or its surge copy), and the
+    resource settings the instance asks for (SLICE_RESOURCES keys of `resources`)."""
     what = "the surge copy of engine instance %s" % name if copy else "engine instance %s" % name
     lines = [
         "# gpufleet: where %s runs (its container and its unit's docker client)." % what,
@@ -160,4 +174,27 @@ def slice_unit(name: str, cpus, mems, copy: bool = False) -> str:
         lines.append("AllowedMemoryNodes=%s" % mems)
     if not cpus and not mems:
         lines.append("# no pinning: the plan found no NUMA placement for it")
+    for key, setting in SLICE_RESOURCES:
+        value = (resources or {}).get(key)
+        if value is not None:
+            lines.append("%s=%s" % (setting, value))
     return "\n".join(lines) + "\n"
+
+
+def housekeeping_dropin(cpus) -> str:
+    """The drop-in that keeps one of the host's own services (nginx, the exporters, the
+    watchdog) on the housekeeping CPUs, off the engines' (engine_housekeeping_cpus).
+    CPUAffinity= is set when the service starts, on cgroup v1 and v2; AllowedCPUs= is the
+    cgroup v2 cpuset, which systemd holds for every process of the service."""
+    return (
+        "\n".join(
+            [
+                "# gpufleet: this service runs on the host's housekeeping CPUs, off the engines'",
+                "# (engine_housekeeping_cpus)",
+                "[Service]",
+                "CPUAffinity=%s" % cpus,
+                "AllowedCPUs=%s" % cpus,
+            ]
+        )
+        + "\n"
+    )

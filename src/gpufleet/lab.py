@@ -167,7 +167,8 @@ def start_hosts(names: dict[str, str], image: str, scenario: str, nested_docker:
         if _run(["docker", "inspect", container], check=False).returncode == 0:
             continue
         argv = ["docker", "run", "-d", "--name", container, "--hostname", hostname]
-        argv += ["--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--security-opt", "seccomp=unconfined"]
+        argv += ["--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--cap-add", "SYS_NICE"]
+        argv += ["--security-opt", "seccomp=unconfined"]
         argv += ["--security-opt", "apparmor=unconfined", "--cgroupns", "host"]
         argv += ["-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw"]
         argv += ["--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp", "--stop-signal", "SIGRTMIN+3"]

@@ -20,6 +20,8 @@ def role_defaults(**over) -> dict:
         "config_dir": ROLE_DEFAULTS["engine_config_dir"],
         "surge": ROLE_DEFAULTS["engine_surge"],
         "env_files": [ROLE_DEFAULTS["engine_nccl_env_file"]] if ROLE_DEFAULTS["engine_nccl_env_file"] else [],
+        "slices": ROLE_DEFAULTS["engine_cgroup_slices"],
+        "housekeeping_units": ROLE_DEFAULTS["engine_housekeeping_units"],
     }
     defaults.update(over)
     return defaults
