@@ -100,9 +100,8 @@ def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults
     out["slice"] = None
     if copy["slice"]:
         # its own slice, with the copy's placement (a sibling of the instance's)
-        out["slice"] = {"name": slice_name(name, copy=True),
-                        "text": slice_unit(name, copy["cpuset_cpus"], copy["cpuset_mems"], copy=True,
-                                          resources=inst)}  # fmt: skip
+        text = slice_unit(name, copy["cpuset_cpus"], copy["cpuset_mems"], copy=True, resources=inst)
+        out["slice"] = {"name": slice_name(name, copy=True), "text": text}
         args[args.index(copy["slice"]["name"])] = out["slice"]["name"]
     out.update(
         docker_args=args, container="gpufleet-%s-surge" % name, base_url=copy["base_url"], address=copy["address"]
