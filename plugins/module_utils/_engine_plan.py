@@ -24,7 +24,12 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render im
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_validate import CONTROL, validate
 from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import ModelConfigError, load_model_config
-from ansible_collections.gpufleet.serving.plugins.module_utils._placement import cpu_list, cpu_set, housekeeping_dropin
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import (
+    cpu_list,
+    cpu_set,
+    housekeeping_dropin,
+    node_cpu_sets,
+)
 from ansible_collections.gpufleet.serving.plugins.module_utils._plan_text import (
     instance_lines,
     plan_lines,
@@ -173,10 +178,7 @@ def housekeeping(host) -> dict:
     /proc/PID/status shows, "" for none), all: every CPU of the host's NUMA nodes, dropin: the
     services' drop-in (None for none)}."""
     keep = cpu_set((host or {}).get("housekeeping_cpus")) or set()
-    every = set()
-    for node in (host or {}).get("numa_nodes") or []:
-        if isinstance(node, dict):
-            every |= cpu_set(node.get("cpus")) or set()
+    every = set().union(*node_cpu_sets((host or {}).get("numa_nodes")).values())
     return {
         "cpus": cpu_list(keep),
         "all": cpu_list(every),

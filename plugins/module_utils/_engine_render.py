@@ -27,7 +27,6 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     options_of,
 )
 from ansible_collections.gpufleet.serving.plugins.module_utils._placement import (
-    SLICE_RESOURCES,
     cpu_list,
     cpu_set,
     slice_name,
@@ -261,9 +260,9 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     docker += ["--ipc", "host"] if ipc == "host" else ["--ipc", "private", "--shm-size", shm]
     # engine_cgroup_slices: the container's cgroup goes under the instance's systemd slice (Docker's
     # systemd cgroup driver), which holds the same placement where operators look for it
-    resources = {key: inst.get(key) for key, _setting in SLICE_RESOURCES}
+    # its weights and memory settings: the instance's SLICE_RESOURCES keys
     slice_ = (
-        {"name": slice_name(name), "text": slice_unit(name, cpus, mems, resources=resources)}
+        {"name": slice_name(name), "text": slice_unit(name, cpus, mems, resources=inst)}
         if defaults.get("slices")
         else None
     )

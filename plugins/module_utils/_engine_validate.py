@@ -48,7 +48,12 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape impo
     load_model_config,
     parallel_errors,
 )
-from ansible_collections.gpufleet.serving.plugins.module_utils._placement import SLICE_RESOURCES, cpu_list, cpu_set
+from ansible_collections.gpufleet.serving.plugins.module_utils._placement import (
+    SLICE_RESOURCES,
+    cpu_list,
+    cpu_set,
+    node_cpu_sets,
+)
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -147,13 +152,14 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None, members
     if not isinstance(instances, list):
         return ["gpufleet_engines must be a list of engine instances, got %s." % type(instances).__name__]
     devices = (gpu or {}).get("devices")
+    nodes = node_cpu_sets((host or {}).get("numa_nodes"))
     seen = Host(
         gpu_count=(gpu or {}).get("count") or 0,
         gpu_indices=[d.get("index") for d in devices if isinstance(d, dict)] if isinstance(devices, list) else None,
         models=models or {},
         images=(defaults or {}).get("images") or {},
-        cpus=_host_cpus((host or {}).get("numa_nodes")),
-        node_cpus=_node_cpus((host or {}).get("numa_nodes")),
+        cpus=set().union(*nodes.values()) or None,
+        node_cpus=nodes,
         gpu_nodes={
             d["index"]: d["numa_node"]
             for d in (devices if isinstance(devices, list) else [])
@@ -618,13 +624,6 @@ def _cpus(one: Instance, seen: Host) -> List[str]:
 
 
 MEMORY_SIZE = re.compile(r"^[1-9][0-9]*[KMGT]?$")
-SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _size_bytes(value: str) -> int:
-    """'48G' -> bytes (systemd's base-1024 suffixes)."""
-    unit = value[-1] if value[-1] in "KMGT" else ""
-    return int(value[: len(value) - len(unit)]) * SIZE_UNITS[unit]
 
 
 def _slice_resources(one: Instance, seen: Host) -> List[str]:
@@ -652,7 +651,7 @@ def _slice_resources(one: Instance, seen: Host) -> List[str]:
                 % (one.where, key, value)
             )
         else:
-            sizes[key] = _size_bytes(value)
+            sizes[key] = _bytes(value)
     if "memory_low" in sizes and "memory_max" in sizes and sizes["memory_low"] > sizes["memory_max"]:
         errors.append(
             "%s.memory_low=%r is above its memory_max=%r: the protection cannot exceed the ceiling; lower memory_low."
@@ -677,24 +676,6 @@ def _slice_resources(one: Instance, seen: Host) -> List[str]:
             % (one.where, ", ".join(given), "it" if len(given) == 1 else "them")
         )
     return errors
-
-
-def _host_cpus(nodes):
-    """The CPUs of gpu_facts' numa_nodes ([{node, cpus}]), or None when they are not known."""
-    found = set()
-    for node in _node_cpus(nodes).values():
-        found |= node
-    return found or None
-
-
-def _node_cpus(nodes) -> Dict[int, set]:
-    """{node: its CPUs} of gpu_facts' numa_nodes."""
-    out = {}
-    for node in nodes if isinstance(nodes, list) else []:
-        listed = cpu_set(node.get("cpus")) if isinstance(node, dict) else None
-        if listed and is_type(node.get("node"), int):
-            out[node["node"]] = listed
-    return out
 
 
 def _housekeeping(cpus, seen: Host) -> List[str]:
@@ -723,27 +704,24 @@ def _housekeeping(cpus, seen: Host) -> List[str]:
 def _cpu_split(instances, members, gpu, host) -> List[str]:
     """An instance with exclusive_cpus shares none of its CPUs with another instance on this host
     (a multi-node instance's worker here included) as placement() lands them."""
-    placed = []
-    for i, inst in enumerate(instances):
-        placed.append((label(i, inst), inst, placement(inst, gpu, host)[0]))
+    placed = [(label(i, inst), inst, placement(inst, gpu, host)) for i, inst in enumerate(instances)]
     for member in members or []:
         inst = member["instance"]
         where = "%s's multi-node instance %s" % (member["group"]["leader"], inst.get("name"))
-        placed.append((where, inst, placement(inst, gpu, host)[0]))
+        placed.append((where, inst, placement(inst, gpu, host)))
+    # an instance the plan does not pin runs on every CPU of the host
+    every = set().union(*node_cpu_sets((host or {}).get("numa_nodes")).values())
     errors = []
-    for i, (where, inst, cpus) in enumerate(placed):
+    for i, (where, inst, (cpus, _mems, why)) in enumerate(placed):
         if not inst.get("exclusive_cpus"):
             continue
         if not cpus:
             errors.append(
-                "%s.exclusive_cpus is true, but the plan pins it to no CPUs (%s): give it cpus."
-                % (where, placement(inst, gpu, host)[2])
+                "%s.exclusive_cpus is true, but the plan pins it to no CPUs (%s): give it cpus." % (where, why)
             )
             continue
-        for j, (other_where, _other, other_cpus) in enumerate(placed):
-            both = cpu_set(cpus) & (
-                cpu_set(other_cpus) if other_cpus else (_host_cpus((host or {}).get("numa_nodes")) or set())
-            )
+        for j, (other_where, _other, (other_cpus, _m, _w)) in enumerate(placed):
+            both = cpu_set(cpus) & (cpu_set(other_cpus) if other_cpus else every)
             # a pair of exclusive instances is told once, at the first of the two
             if j != i and both and not (j < i and placed[j][1].get("exclusive_cpus")):
                 errors.append(
@@ -1098,5 +1076,7 @@ def _similar(a: str, b: str) -> bool:
 
 
 def _bytes(size: str) -> int:
-    units = {"k": 2**10, "m": 2**20, "g": 2**30}
-    return int(size[:-1]) * units[size[-1]]
+    """'64m' (Docker's shm_size) or '48G' (systemd's sizes) -> bytes: base-1024 suffixes, or none."""
+    unit = size[-1].lower() if size[-1].isalpha() else ""
+    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    return int(size[: len(size) - len(unit)]) * units[unit]

@@ -81,6 +81,17 @@ def cpu_set(text):
     return out
 
 
+def node_cpu_sets(nodes) -> dict:
+    """{node: its CPUs as a set} of gpu_facts' numa_nodes ([{node, cpus}]); nodes without a
+    readable list are left out."""
+    out = {}
+    for node in nodes if isinstance(nodes, list) else []:
+        listed = cpu_set(node.get("cpus")) if isinstance(node, dict) else None
+        if listed and isinstance(node.get("node"), int) and not isinstance(node.get("node"), bool):
+            out[node["node"]] = listed
+    return out
+
+
 def cpu_list(ids) -> str:
     """{0, 1, 2, 3, 8} -> '0-3,8' (the kernel's own list format)."""
     ids = sorted(ids or [])
