@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 declare -a rows=()
 started=$(date +%s)
 status=0
+# each tier's output is also kept here, so a failure's own lines can be printed again at the end
+# (CI keeps only the tail of the log, which is otherwise the labs' teardown)
+logs=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-tiers.XXXXXX")
+failed_log=
 
 fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
@@ -16,9 +20,12 @@ run_tier() {
   local name=$1; shift
   local t0 rc
   t0=$(date +%s)
+  local log
+  log="$logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_-' _).log"
   printf '\n=== tier %s: %s\n' "$name" "$*"
-  "$@"
-  rc=$?
+  "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  [ $rc -eq 0 ] || failed_log=$log
   rows+=("$(printf '%-22s %8s  %s' "$name" "$(fmt $(($(date +%s) - t0)))" "$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)")")")
   return $rc
 }
@@ -45,7 +52,15 @@ for tier in "$@"; do
   fi
 done
 
+if [ -n "$failed_log" ]; then
+  # Ansible's failed tasks (their names and messages) and pytest's failures, each cut to 600 characters
+  printf '\n=== what failed (from %s)\n' "$failed_log"
+  grep -E -B3 'fatal: \[|failed: \[|FAILED!|^(FAILED|ERROR) |^E  ' "$failed_log" | grep -v -E '^\s*$' \
+    | tail -n 40 | cut -c1-600
+fi
+
 printf '\n=== make test: durations on %s (%s cores)\n' "$(hostname)" "$(nproc)"
 for row in "${rows[@]}"; do echo "  $row"; done
 printf '  %-22s %8s  %s\n' total "$(fmt $(($(date +%s) - started)))" "$([ $status -eq 0 ] && echo passed || echo FAILED)"
+rm -rf "$logs"
 exit $status
