@@ -12,6 +12,7 @@ status=0
 # each tier's output is also kept here, so a failure's own lines can be printed again at the end
 # (CI keeps only the tail of the log, which is otherwise the labs' teardown)
 logs=$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-tiers.XXXXXX")
+trap 'rm -rf "$logs"' EXIT
 failed_log=
 
 fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
@@ -25,7 +26,8 @@ run_tier() {
   printf '\n=== tier %s: %s\n' "$name" "$*"
   "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
-  [ $rc -eq 0 ] || failed_log=$log
+  # a passed tier's output is not needed again
+  if [ $rc -eq 0 ]; then rm -f "$log"; else failed_log=$log; fi
   rows+=("$(printf '%-22s %8s  %s' "$name" "$(fmt $(($(date +%s) - t0)))" "$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)")")")
   return $rc
 }
@@ -62,5 +64,4 @@ fi
 printf '\n=== make test: durations on %s (%s cores)\n' "$(hostname)" "$(nproc)"
 for row in "${rows[@]}"; do echo "  $row"; done
 printf '  %-22s %8s  %s\n' total "$(fmt $(($(date +%s) - started)))" "$([ $status -eq 0 ] && echo passed || echo FAILED)"
-rm -rf "$logs"
 exit $status
