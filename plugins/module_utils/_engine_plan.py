@@ -29,6 +29,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._placement import
     cpu_set,
     housekeeping_dropin,
     node_cpu_sets,
+    slices_setting,
 )
 from ansible_collections.gpufleet.serving.plugins.module_utils._plan_text import (
     instance_lines,
@@ -126,6 +127,9 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
     (Ansible's network facts) and group_ifname (engine_group_ifname). The multi-node instances
     this host joins as a worker are planned and rendered after its own."""
     host = host or {}
+    # engine_cgroup_slices (true, false or auto) as this host runs it, for every step below
+    on, why = slices_setting((defaults or {}).get("slices", False), host)
+    defaults = dict(defaults or {}, slices=on, slices_why=why)
     members = memberships(host.get("groups"), host.get("name"))
     errors = validate(instances, gpu=gpu, models=models, host=host, defaults=defaults, members=members)
     if errors:
@@ -170,6 +174,7 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
         "instances": rendered,
         "cpu_split": split_lines(host, rendered, defaults),
         "housekeeping": housekeeping(host),
+        "slices": {"on": on, "why": why},
     }
 
 
@@ -199,6 +204,9 @@ def split_lines(host, rendered, defaults=None) -> list:
         lines.append("housekeeping CPUs %s: %s" % (keep, ", ".join(units) or "no service listed"))
     else:
         lines.append("housekeeping CPUs: none kept (engine_housekeeping_cpus); the host's services run anywhere")
+    if "slices_why" in (defaults or {}):
+        state = "on, one per instance" if defaults["slices"] else "off"
+        lines.append("systemd slices: %s (%s)" % (state, defaults["slices_why"]))
     for out in rendered:
         where = out["cpuset_cpus"] or "any CPU"
         mems = " memory node %s" % out["cpuset_mems"] if out["cpuset_mems"] else ""

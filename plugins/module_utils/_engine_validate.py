@@ -98,6 +98,8 @@ class Host:
     housekeeping: set = field(default_factory=set)
     # engine_cgroup_slices: each instance's slice holds its resource settings
     slices: bool = False
+    # why slices are on or off on this host (the plan's slices_setting)
+    slices_why: str = "engine_cgroup_slices is false"
 
 
 @dataclass
@@ -166,7 +168,8 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None, members
             if isinstance(d, dict) and is_type(d.get("index"), int) and is_type(d.get("numa_node"), int)
         },
         housekeeping=cpu_set((host or {}).get("housekeeping_cpus")) or set(),
-        slices=bool((defaults or {}).get("slices")),
+        slices=(defaults or {}).get("slices") is True,
+        slices_why=(defaults or {}).get("slices_why") or "engine_cgroup_slices is false",
     )
     errors = _housekeeping((host or {}).get("housekeeping_cpus"), seen)
     for i, inst in enumerate(instances):
@@ -671,9 +674,9 @@ def _slice_resources(one: Instance, seen: Host) -> List[str]:
         )
     if given and not seen.slices:
         errors.append(
-            "%s sets %s, settings of the instance's systemd slice, but engine_cgroup_slices is false: set "
+            "%s sets %s, settings of the instance's systemd slice, but slices are off (%s): set "
             "engine_cgroup_slices: true (with container_runtime_cgroup_driver: systemd), or remove %s."
-            % (one.where, ", ".join(given), "it" if len(given) == 1 else "them")
+            % (one.where, ", ".join(given), seen.slices_why, "it" if len(given) == 1 else "them")
         )
     return errors
 

@@ -145,6 +145,33 @@ def read(pid, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> 
 # ------------------------------------------------------------------ systemd slices (engine_cgroup_slices)
 
 
+def slices_setting(setting, host=None):
+    """engine_cgroup_slices as this host runs it: (on, why). True and False are the operator's;
+    auto is on where Docker uses the systemd cgroup driver, so the switch never restarts dockerd:
+    the driver this run sets (container_runtime_cgroup_driver), else the one Docker reports, else
+    (no Docker running yet) Docker's own default: systemd on a cgroup v2 host that boots with
+    systemd, cgroupfs on v1 (moby/moby#40846, Docker 20.10). host: name, docker_cgroup_driver
+    ("" when Docker does not answer), cgroup_unified (/sys/fs/cgroup is v2), runtime_cgroup_driver."""
+    host = host or {}
+    if setting is True or setting is False:
+        return setting, "engine_cgroup_slices is %s" % ("true" if setting else "false")
+    name = host.get("name") or "this host"
+    if host.get("runtime_cgroup_driver"):
+        driver, source = host["runtime_cgroup_driver"], "container_runtime_cgroup_driver sets"
+    elif host.get("docker_cgroup_driver"):
+        driver, source = host["docker_cgroup_driver"], "Docker reports"
+    else:
+        driver = "systemd" if host.get("cgroup_unified") else "cgroupfs"
+        source = "Docker is not running yet; its default on a cgroup %s host is" % (
+            "v2" if host.get("cgroup_unified") else "v1"
+        )
+    return driver == "systemd", "engine_cgroup_slices is auto, and on %s %s the %s cgroup driver" % (
+        name,
+        source,
+        driver,
+    )
+
+
 def slice_name(name: str, copy: bool = False) -> str:
     """The slice of instance `name` (copy: of its surge copy, a sibling, not a child: the copy may
     run on other GPUs, hence another node). The name is escaped as systemd-escape does: a dash

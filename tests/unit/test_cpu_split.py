@@ -144,7 +144,34 @@ def test_the_plan_prints_the_split_and_the_housekeeping_dropin_pins_a_service():
     assert out["cpu_split"] == [
         "NUMA nodes: 0: CPUs 0-55,112-167; 1: CPUs 56-111,168-223",
         "housekeeping CPUs 0,56: nginx.service, gpufleet-engine-watchdog@.service",
+        "systemd slices: off (engine_cgroup_slices is auto, and on this host Docker is not running yet; its default on"
+        " a cgroup v1 host is the cgroupfs cgroup driver)",
         "a: CPUs 1-27 memory node 0, exclusive (cpus given for the instance)",
         "b: CPUs 57-111,168-223 memory node 1 (GPUs [4] sit on NUMA node 1, less the housekeeping CPUs 0,56)",
     ]
     assert housekeeping_dropin("0,56").splitlines()[-3:] == ["[Service]", "CPUAffinity=0,56", "AllowedCPUs=0,56"]
+
+
+def test_the_role_default_auto_runs_slices_where_docker_uses_systemd_and_says_why_in_the_split():
+    assert role_defaults()["slices"] == "auto"
+    v2 = plan([inst()], gpu=DUAL, models=MODELS, host=dict(host(), name="gpu-a", cgroup_unified=True),
+              defaults=role_defaults())  # fmt: skip
+    v1 = plan([inst()], gpu=DUAL, models=MODELS, host=dict(host(), name="gpu-a", docker_cgroup_driver="cgroupfs"),
+              defaults=role_defaults())  # fmt: skip
+    assert v2["errors"] == [] and v1["errors"] == []
+    on, off = v2["instances"][0], v1["instances"][0]
+    assert v2["slices"]["on"] is True and on["slice"]["name"] == "gpufleet-engine-chat.slice"
+    assert on["docker_args"][on["docker_args"].index("--cgroup-parent") + 1] == "gpufleet-engine-chat.slice"
+    assert v1["slices"]["on"] is False and off["slice"] is None and "--cgroup-parent" not in off["docker_args"]
+    assert (
+        "systemd slices: off (engine_cgroup_slices is auto, and on gpu-a Docker reports the cgroupfs cgroup driver)"
+        in v1["cpu_split"]
+    )
+    assert any(line.startswith("systemd slices: on, one per instance (") for line in v2["cpu_split"]), v2["cpu_split"]
+    # a slice setting where auto leaves slices off: refused, saying why they are off
+    cgroupfs = dict(host(), name="gpu-a", docker_cgroup_driver="cgroupfs")
+    [error] = plan([inst(memory_max="96G")], gpu=DUAL, models=MODELS, host=cgroupfs, defaults=role_defaults())["errors"]
+    assert (
+        "sets memory_max, settings of the instance's systemd slice, but slices are off (engine_cgroup_slices is auto,"
+        " and on gpu-a Docker reports the cgroupfs cgroup driver)" in error
+    )

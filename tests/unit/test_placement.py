@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._placement import
     read,
     same,
     slice_name,
+    slices_setting,
 )
 from gpufleet.runner import status_rows
 
@@ -178,3 +179,30 @@ def test_slices_escape_names_and_hold_the_placement_of_the_instance_and_its_copy
     # no placement known: the slice says so and sets nothing
     bare = render(dict(inst, cpus=None), host={}, defaults={"slices": True})
     assert "AllowedCPUs=" not in bare["slice"]["text"] and "no pinning" in bare["slice"]["text"]
+
+
+@pytest.mark.parametrize(
+    "setting, host, on, words",
+    [
+        # the operator's own answer, whatever Docker runs
+        (True, {"docker_cgroup_driver": "cgroupfs"}, True, "engine_cgroup_slices is true"),
+        (False, {"docker_cgroup_driver": "systemd"}, False, "engine_cgroup_slices is false"),
+        # auto: the driver this run sets wins over the one Docker reports
+        ("auto", {"name": "gpu-a", "runtime_cgroup_driver": "systemd", "docker_cgroup_driver": "cgroupfs"}, True,
+         "engine_cgroup_slices is auto, and on gpu-a container_runtime_cgroup_driver sets the systemd cgroup driver"),
+        ("auto", {"name": "gpu-a", "runtime_cgroup_driver": "cgroupfs", "docker_cgroup_driver": "systemd"}, False,
+         "container_runtime_cgroup_driver sets the cgroupfs cgroup driver"),
+        # then what Docker reports, whatever the hierarchy
+        ("auto", {"name": "gpu-a", "docker_cgroup_driver": "systemd"}, True, "on gpu-a Docker reports the systemd"),
+        ("auto", {"name": "gpu-a", "docker_cgroup_driver": "cgroupfs", "cgroup_unified": True}, False,
+         "Docker reports the cgroupfs cgroup driver"),
+        # no Docker yet: Docker's own default follows the hierarchy (moby/moby#40846)
+        ("auto", {"name": "gpu-a", "docker_cgroup_driver": "", "cgroup_unified": True}, True,
+         "Docker is not running yet; its default on a cgroup v2 host is the systemd cgroup driver"),
+        ("auto", {"name": "gpu-a", "cgroup_unified": False}, False,
+         "its default on a cgroup v1 host is the cgroupfs cgroup driver"),
+    ],
+)  # fmt: skip
+def test_slices_auto_follows_the_driver_docker_uses_and_never_switches_it(setting, host, on, words):
+    got, why = slices_setting(setting, host)
+    assert got is on and words in why, why
