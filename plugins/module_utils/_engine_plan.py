@@ -128,10 +128,12 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
     this host joins as a worker are planned and rendered after its own."""
     host = host or {}
     # engine_cgroup_slices (true, false or auto) as this host runs it, for every step below
-    on, why = slices_setting((defaults or {}).get("slices", False), host)
-    defaults = dict(defaults or {}, slices=on, slices_why=why)
+    slices = slices_setting((defaults or {}).get("slices", False), host)
+    defaults = dict(defaults or {}, slices=slices["on"], slices_why=slices["why"])
     members = memberships(host.get("groups"), host.get("name"))
-    errors = validate(instances, gpu=gpu, models=models, host=host, defaults=defaults, members=members)
+    errors = ([slices["error"]] if slices["error"] else []) + validate(
+        instances, gpu=gpu, models=models, host=host, defaults=defaults, members=members
+    )
     if errors:
         return {"errors": errors, "instances": []}
     everything = list(instances) + [m["instance"] for m in members]
@@ -174,7 +176,7 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
         "instances": rendered,
         "cpu_split": split_lines(host, rendered, defaults),
         "housekeeping": housekeeping(host),
-        "slices": {"on": on, "why": why},
+        "slices": {"on": slices["on"], "why": slices["why"]},
     }
 
 

@@ -12,7 +12,10 @@ cgroup-v2.rst name these files)."""
 
 from __future__ import annotations
 
+import json
 import os
+
+from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
 
 
 def parse_proc_cgroup(text: str) -> dict:
@@ -145,31 +148,53 @@ def read(pid, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> 
 # ------------------------------------------------------------------ systemd slices (engine_cgroup_slices)
 
 
-def slices_setting(setting, host=None):
-    """engine_cgroup_slices as this host runs it: (on, why). True and False are the operator's;
-    auto is on where Docker uses the systemd cgroup driver, so the switch never restarts dockerd:
-    the driver this run sets (container_runtime_cgroup_driver), else the one Docker reports, else
-    (no Docker running yet) Docker's own default: systemd on a cgroup v2 host that boots with
-    systemd, cgroupfs on v1 (moby/moby#40846, Docker 20.10). host: name, docker_cgroup_driver
-    ("" when Docker does not answer), cgroup_unified (/sys/fs/cgroup is v2), runtime_cgroup_driver."""
+def slices_setting(setting, host=None) -> dict:
+    """engine_cgroup_slices as this host runs it: {on, why, error}. true and false are the
+    operator's (Ansible's boolean spellings: yes, on, 1, ...); auto is on where Docker uses the
+    systemd cgroup driver, so it never costs a dockerd restart: the driver this run sets
+    (container_runtime_cgroup_driver), else the one Docker reports, else (no Docker running yet)
+    Docker's own default, systemd on a cgroup v2 host that boots with systemd and cgroupfs on v1
+    (moby/moby#40846, Docker 20.10). error: a sentence when the setting is none of these, or is
+    true where Docker will not use the systemd driver (it would refuse --cgroup-parent X.slice).
+    host: name, docker_cgroup_driver ("" when Docker does not answer), cgroup_unified
+    (/sys/fs/cgroup is v2), runtime_cgroup_driver."""
     host = host or {}
-    if setting is True or setting is False:
-        return setting, "engine_cgroup_slices is %s" % ("true" if setting else "false")
     name = host.get("name") or "this host"
-    if host.get("runtime_cgroup_driver"):
-        driver, source = host["runtime_cgroup_driver"], "container_runtime_cgroup_driver sets"
-    elif host.get("docker_cgroup_driver"):
-        driver, source = host["docker_cgroup_driver"], "Docker reports"
-    else:
-        driver = "systemd" if host.get("cgroup_unified") else "cgroupfs"
-        source = "Docker is not running yet; its default on a cgroup %s host is" % (
-            "v2" if host.get("cgroup_unified") else "v1"
+    ours = host.get("runtime_cgroup_driver") or ""
+    reported = host.get("docker_cgroup_driver") or ""
+    word = setting.strip().lower() if isinstance(setting, str) else setting
+    if word == "auto":
+        if ours:
+            driver, source = ours, "container_runtime_cgroup_driver sets"
+        elif reported:
+            driver, source = reported, "Docker reports"
+        else:
+            driver = "systemd" if host.get("cgroup_unified") else "cgroupfs"
+            source = "Docker is not running yet; its default on a cgroup %s host is" % (
+                "v2" if host.get("cgroup_unified") else "v1"
+            )
+        why = "engine_cgroup_slices is auto, and on %s %s the %s cgroup driver" % (name, source, driver)
+        return {"on": driver == "systemd", "why": why, "error": None}
+    plain = isinstance(word, (str, int))  # bool is an int; a list or a mapping is neither
+    if plain and word in BOOLEANS_FALSE:
+        return {"on": False, "why": "engine_cgroup_slices is false", "error": None}
+    if not plain or word not in BOOLEANS_TRUE:
+        return {
+            "on": False,
+            "why": "engine_cgroup_slices is not valid",
+            "error": "engine_cgroup_slices=%r must be true, false or auto (the default: on where Docker uses the "
+            "systemd cgroup driver)." % (setting,),
+        }
+    error = None
+    if (ours or reported) != "systemd":
+        error = (
+            "engine_cgroup_slices is true, but Docker on %s uses the %s cgroup driver and "
+            "container_runtime_cgroup_driver=%s. Set container_runtime_cgroup_driver: systemd for this host (the "
+            "container_runtime role then restarts dockerd, which stops every container on it once), or set "
+            "engine_cgroup_slices: auto (on only where Docker already uses systemd) or false."
+            % (name, reported or "unknown (no Docker yet)", json.dumps(ours))
         )
-    return driver == "systemd", "engine_cgroup_slices is auto, and on %s %s the %s cgroup driver" % (
-        name,
-        source,
-        driver,
-    )
+    return {"on": True, "why": "engine_cgroup_slices is true", "error": error}
 
 
 def slice_name(name: str, copy: bool = False) -> str:

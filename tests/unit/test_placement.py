@@ -184,16 +184,19 @@ def test_slices_escape_names_and_hold_the_placement_of_the_instance_and_its_copy
 @pytest.mark.parametrize(
     "setting, host, on, words",
     [
-        # the operator's own answer, whatever Docker runs
-        (True, {"docker_cgroup_driver": "cgroupfs"}, True, "engine_cgroup_slices is true"),
+        # the operator's own answer (Ansible's boolean spellings: -e gives strings), whatever Docker runs
+        (True, {"docker_cgroup_driver": "systemd"}, True, "engine_cgroup_slices is true"),
+        ("yes", {"runtime_cgroup_driver": "systemd"}, True, "engine_cgroup_slices is true"),
         (False, {"docker_cgroup_driver": "systemd"}, False, "engine_cgroup_slices is false"),
+        ("false", {"docker_cgroup_driver": "systemd", "cgroup_unified": True}, False, "engine_cgroup_slices is false"),
+        (0, {}, False, "engine_cgroup_slices is false"),
         # auto: the driver this run sets wins over the one Docker reports
         ("auto", {"name": "gpu-a", "runtime_cgroup_driver": "systemd", "docker_cgroup_driver": "cgroupfs"}, True,
          "engine_cgroup_slices is auto, and on gpu-a container_runtime_cgroup_driver sets the systemd cgroup driver"),
         ("auto", {"name": "gpu-a", "runtime_cgroup_driver": "cgroupfs", "docker_cgroup_driver": "systemd"}, False,
          "container_runtime_cgroup_driver sets the cgroupfs cgroup driver"),
         # then what Docker reports, whatever the hierarchy
-        ("auto", {"name": "gpu-a", "docker_cgroup_driver": "systemd"}, True, "on gpu-a Docker reports the systemd"),
+        ("Auto", {"name": "gpu-a", "docker_cgroup_driver": "systemd"}, True, "on gpu-a Docker reports the systemd"),
         ("auto", {"name": "gpu-a", "docker_cgroup_driver": "cgroupfs", "cgroup_unified": True}, False,
          "Docker reports the cgroupfs cgroup driver"),
         # no Docker yet: Docker's own default follows the hierarchy (moby/moby#40846)
@@ -204,5 +207,28 @@ def test_slices_escape_names_and_hold_the_placement_of_the_instance_and_its_copy
     ],
 )  # fmt: skip
 def test_slices_auto_follows_the_driver_docker_uses_and_never_switches_it(setting, host, on, words):
-    got, why = slices_setting(setting, host)
-    assert got is on and words in why, why
+    got = slices_setting(setting, host)
+    assert got["on"] is on and words in got["why"] and got["error"] is None, got
+
+
+@pytest.mark.parametrize(
+    "setting, host, words",
+    [
+        # true where Docker will not run the systemd driver: Docker would refuse --cgroup-parent X.slice
+        (True, {"name": "gpu-a", "docker_cgroup_driver": "cgroupfs"},
+         'engine_cgroup_slices is true, but Docker on gpu-a uses the cgroupfs cgroup driver and '
+         'container_runtime_cgroup_driver="". Set container_runtime_cgroup_driver: systemd for this host'),
+        ("on", {"name": "gpu-a"}, "Docker on gpu-a uses the unknown (no Docker yet) cgroup driver"),
+        # this run switches the driver away from systemd: what Docker reports now does not count
+        (True, {"name": "gpu-a", "docker_cgroup_driver": "systemd", "runtime_cgroup_driver": "cgroupfs"},
+         'container_runtime_cgroup_driver="cgroupfs"'),
+        # none of true, false or auto
+        ("automatic", {}, "engine_cgroup_slices='automatic' must be true, false or auto"),
+        (2, {}, "engine_cgroup_slices=2 must be true, false or auto"),
+        ({"on": True}, {}, "engine_cgroup_slices={'on': True} must be true, false or auto"),
+        (None, {}, "engine_cgroup_slices=None must be true, false or auto"),
+    ],
+)  # fmt: skip
+def test_slices_that_cannot_be_had_are_refused_by_name(setting, host, words):
+    error = slices_setting(setting, host)["error"]
+    assert error and words in error, error
