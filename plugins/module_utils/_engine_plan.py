@@ -174,7 +174,7 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
     return {
         "errors": [],
         "instances": rendered,
-        "cpu_split": split_lines(host, rendered, defaults),
+        "cpu_split": split_lines(host, rendered, defaults, slices),
         "housekeeping": housekeeping(host),
         "slices": {"on": slices["on"], "why": slices["why"]},
     }
@@ -193,9 +193,10 @@ def housekeeping(host) -> dict:
     }
 
 
-def split_lines(host, rendered, defaults=None) -> list:
+def split_lines(host, rendered, defaults, slices) -> list:
     """The host's CPUs as the plan shares them (what the preflight prints): each NUMA node, the
-    housekeeping CPUs and the services pinned there, and each instance's CPUs."""
+    housekeeping CPUs and the services pinned there, whether the instances run in systemd slices
+    (slices: slices_setting's answer) and why, and each instance's CPUs."""
     nodes = [n for n in (host or {}).get("numa_nodes") or [] if isinstance(n, dict) and n.get("cpus")]
     lines = []
     if nodes:
@@ -206,9 +207,7 @@ def split_lines(host, rendered, defaults=None) -> list:
         lines.append("housekeeping CPUs %s: %s" % (keep, ", ".join(units) or "no service listed"))
     else:
         lines.append("housekeeping CPUs: none kept (engine_housekeeping_cpus); the host's services run anywhere")
-    if "slices_why" in (defaults or {}):
-        state = "on, one per instance" if defaults["slices"] else "off"
-        lines.append("systemd slices: %s (%s)" % (state, defaults["slices_why"]))
+    lines.append("systemd slices: %s (%s)" % ("on, one per instance" if slices["on"] else "off", slices["why"]))
     for out in rendered:
         where = out["cpuset_cpus"] or "any CPU"
         mems = " memory node %s" % out["cpuset_mems"] if out["cpuset_mems"] else ""

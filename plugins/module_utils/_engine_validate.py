@@ -169,7 +169,7 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None, members
         },
         housekeeping=cpu_set((host or {}).get("housekeeping_cpus")) or set(),
         slices=(defaults or {}).get("slices") is True,
-        slices_why=(defaults or {}).get("slices_why") or "engine_cgroup_slices is false",
+        slices_why=(defaults or {}).get("slices_why") or Host.slices_why,
     )
     errors = _housekeeping((host or {}).get("housekeeping_cpus"), seen)
     for i, inst in enumerate(instances):
