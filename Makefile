@@ -1,9 +1,13 @@
 # gpufleet: one entry point for people and CI.
 #   make demo      the whole stack on this machine without a GPU (gpufleet demo up); make demo-down
-#   make test      everything CI runs: installs what is missing, then unit, lint, labtests, molecule;
-#                  prints each tier's duration at the end
+#   make test      what CI runs: installs what is missing, then proves each central promise once
+#                  (unit, lint, the lab tests of the engine's plan, and the nccl, engine and fleet labs
+#                  with their phases marked test-full left out); prints each tier's duration and
+#                  `over budget` past 40 minutes (docs/testing.md lists which test proves each promise)
+#   make test-full everything: every Python, every labtest, every scenario and every lab phase
+#                  (over 40 minutes; run it before resolving a change to a lab-tested path)
 #   make fast      the fast tier (unit + lint), a couple of minutes
-#   make pythons   the unit tests on the other controller Pythons (PYTHONS="3.12 3.13"; in make test)
+#   make pythons   the unit tests on the other controller Pythons (PYTHONS="3.12 3.13"; in make test-full)
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
 #   make bench-stream  the streaming benchmark (direct vs gpufleet proxy vs stock nginx)
 #   make bench-planner the memory planner vs vllm-wizard vs published figures
@@ -26,11 +30,16 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
-.PHONY: demo demo-down test fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape bench-routing fleet-lab lab clean-lab constraints build-collection gpu-check
+.PHONY: demo demo-down test test-full fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape bench-routing fleet-lab lab clean-lab constraints build-collection gpu-check
 
-# Each tier's duration is printed at the end (tests/tiers.sh), passed or not.
+# Each tier's duration is printed at the end (tests/tiers.sh), passed or not. GPUFLEET_TEST_TIER
+# tells the labs which entry point runs them: `test` leaves out what is marked test-full
+# (`when: lab_full` in the scenarios, `@pytest.mark.full` in the labtests); unset means full.
 test:
-	@tests/tiers.sh setup lab unit lint pythons labtests molecule
+	@GPUFLEET_TEST_TIER=test tests/tiers.sh setup lab unit lint labtests molecule
+
+test-full:
+	@GPUFLEET_TEST_TIER=full tests/tiers.sh setup lab unit lint pythons labtests molecule
 
 fast:
 	@tests/tiers.sh setup unit lint
@@ -65,8 +74,9 @@ lab:
 	tests/lab/harness.sh docker
 	tests/lab/harness.sh image host >/dev/null
 
+# On every core (pytest-xdist); the tests share no files or ports.
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto
 
 # The unit tests on each other supported controller Python (3.11 is the main venv's), each in
 # its own venv from the same pins (tests/pythons.sh).
@@ -77,7 +87,7 @@ pythons:
 # Tests that need the lab's Docker engine and images, outside Molecule (e.g. every rendered
 # vLLM command line through vLLM's own argument parser).
 labtests: $(STAMP) lab
-	$(BIN)/pytest -q --durations=0 tests/labtests
+	$(BIN)/pytest -q --durations=0 $(if $(filter test,$(GPUFLEET_TEST_TIER)),-m 'not full') tests/labtests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -88,9 +98,11 @@ lint: $(STAMP)
 	BIN=$(BIN) tests/sanity/run.sh
 	$(BIN)/antsibull-changelog lint
 
+# In make test (GPUFLEET_TEST_TIER=test) only the fleet lab proves idempotence: the other
+# scenarios run molecule's sequence without that step (tests/molecule.sh).
 molecule: $(STAMP) lab
 	@if [ -n "$(SCENARIO)" ]; then \
-	  $(BIN)/molecule test -s $(SCENARIO); \
+	  tests/molecule.sh $(SCENARIO); \
 	else \
 	  $(BIN)/molecule test --all --exclude bench_stream; \
 	fi

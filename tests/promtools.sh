@@ -3,12 +3,13 @@
 # service: Debian's packages (the ones the monitoring role installs) are downloaded with
 # `apt-get download` and unpacked with `dpkg-deb -x` into a cache keyed by their versions.
 #   tests/promtools.sh     prints the folder holding promtool and amtool (stdout: that line only)
-# A second call with the same apt candidates is instant (no download). PROMTOOLS_CACHE moves the
-# cache (default .cache/promtools in the repository). apt's lists are refreshed (apt-get update)
-# only when the download fails and we are root.
+# A second call with the same apt candidates is instant (no download), from any checkout on this
+# machine. PROMTOOLS_CACHE moves the cache (default: promtools/ in gpufleet's machine cache,
+# ~/.cache/gpufleet or GPUFLEET_CACHE). apt's lists are refreshed (apt-get update) only when the
+# download fails and we are root. Calls at once (the unit tests' workers) take turns on a lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cache=${PROMTOOLS_CACHE:-$PWD/.cache/promtools}
+cache=${PROMTOOLS_CACHE:-${GPUFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet}/promtools}
 packages=(prometheus prometheus-alertmanager)
 
 key_of() {
@@ -32,6 +33,10 @@ if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
   if [ -n "$newest" ] && have_tools "$newest"; then echo "${newest%/}/usr/bin"; exit 0; fi
   exit 1
 fi
+
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
 
 key=$(key_of) || {
   if [ "$(id -u)" = 0 ]; then

@@ -206,7 +206,7 @@ def down() -> int:
                 _docker("network", "rm", "gpufleet-lab")
     for name in ("state.json", "key"):
         (state_dir() / name).unlink(missing_ok=True)
-    _say("removed (the model and image archives stay in the checkout's .cache/lab, as `make test` keeps them)")
+    _say("removed (the model and image archives stay in the machine's cache, ~/.cache/gpufleet/lab)")
     return 0
 
 

@@ -19,8 +19,19 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-cache="$root/.cache/lab"
+# What is slow to make (the engine image's archive, the tiny models, the router wheels, the lab's
+# SSH key) lives on the machine, not in the checkout, so a fresh clone finds it made: everything
+# in it is named by the hash of the recipe it comes from. GPUFLEET_CACHE moves it.
+cache="${GPUFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet}/lab"
 mkdir -p "$cache"
+# The checkout's .cache/lab is a link to it: the Molecule scenarios and `gpufleet lab test` find
+# the archives and models there. A folder left there by an older checkout is set aside, not lost.
+link="$root/.cache/lab"
+if [ "$(readlink "$link" 2>/dev/null)" != "$cache" ]; then
+  mkdir -p "$root/.cache"
+  if [ -e "$link" ] && [ ! -L "$link" ]; then mv "$link" "$link.old.$(date +%s)"; fi
+  ln -sfn "$cache" "$link"
+fi
 
 log() { printf 'lab: %s\n' "$*" >&2; }
 

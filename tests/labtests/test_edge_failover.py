@@ -18,6 +18,10 @@ import pytest
 from ansible.plugins.filter.core import comment
 from conftest import HARNESS, ROOT
 
+# make test-full only: the edge's failover lines in real nginx, beside the fleet lab's edge
+# (make test proves each central promise once; docs/testing.md).
+pytestmark = pytest.mark.full
+
 TEMPLATES = ROOT / "roles" / "edge" / "templates"
 # The edge's retry settings, read from its site template (the direct() macro), so this test
 # follows them.

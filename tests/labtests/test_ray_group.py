@@ -42,6 +42,10 @@ from engine_role import role_defaults  # the engine role's defaults, as its pref
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import groups
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan
 
+# make test-full only: a two-node Ray group beside the fleet lab's native multi-node group
+# (make test proves each central promise once; docs/testing.md).
+pytestmark = pytest.mark.full
+
 NETWORK = "gpufleet-raytest"
 SUBNET = "172.30.219.0/24"
 HEAD, WORKER, NO_TOKEN, WRONG_TOKEN, NO_AUTH = (
