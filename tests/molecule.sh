@@ -22,7 +22,8 @@ def seq(path):
 steps = seq(f"molecule/{sys.argv[1]}/molecule.yml") or seq(".config/molecule/config.yml")
 if not steps:
     sys.exit(f"molecule/{sys.argv[1]}: no test_sequence in its molecule.yml or .config/molecule/config.yml")
-print(" ".join(s for s in steps if s != "idempotence"))
+# the steps as molecule's commands spell them (side_effect is `molecule side-effect`)
+print(" ".join(s.replace("_", "-") for s in steps if s != "idempotence"))
 PY
 ) || exit 2
 echo "molecule.sh: $scenario without idempotence (make test): $steps"

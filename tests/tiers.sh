@@ -2,8 +2,10 @@
 # Runs `make test`'s (or `make test-full`'s) tiers in order and prints each one's duration at
 # the end, whether the run passed or stopped at a failing tier (CI keeps the last lines of the
 # log), and `over budget` when the total passes the entry point's budget.
-#   tests/tiers.sh TIER [TIER ...]   each TIER is a make target; molecule runs one scenario
-#                                    at a time so every scenario gets its own line.
+#   tests/tiers.sh TIER [TIER ...]   each TIER is a make target, or molecule:SCENARIO for one
+#                                    scenario; molecule runs every scenario one at a time, so each
+#                                    gets its own line. TIER+TIER runs tiers at once (light labs
+#                                    that share nothing), each with its own log and line.
 # GPUFLEET_TEST_TIER: test (make test: 40 minutes, the scenarios that prove the central promises)
 # or full (make test-full, the default: 100 minutes, every scenario).
 set -uo pipefail
@@ -41,16 +43,43 @@ run_tier() {
   return $rc
 }
 
+command_of() {  # the command a tier name stands for
+  case "$1" in
+    molecule:*) echo make --no-print-directory molecule SCENARIO="${1#molecule:}" ;;
+    *) echo make --no-print-directory "$1" ;;
+  esac
+}
+
+run_group() {
+  # Tiers at once: each writes its own log, printed whole once all have ended (interleaved lines
+  # would be unreadable), and gets its own line with its own duration.
+  local t0 name log rc secs grc=0
+  t0=$(date +%s)
+  printf '\n=== tiers at once: %s\n' "$*"
+  for name in "$@"; do
+    log="$logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_-' _).log"
+    # shellcheck disable=SC2046
+    ( s=$(date +%s); $(command_of "$name") >"$log" 2>&1; echo "$? $(($(date +%s) - s))" >"$log.rc" ) &
+  done
+  wait
+  for name in "$@"; do
+    log="$logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_-' _).log"
+    printf '\n=== tier %s: %s (ran at once with: %s)\n' "$name" "$(command_of "$name")" "$*"
+    cat "$log"
+    read -r rc secs <"$log.rc" || { rc=1; secs=$(($(date +%s) - t0)); }
+    rm -f "$log.rc"
+    if [ "$rc" -eq 0 ]; then rm -f "$log"; else failed_log=$log; grc=$rc; fi
+    rows+=("$(printf '%-22s %8s  %s' "$name" "$(fmt "$secs")" "$([ "$rc" -eq 0 ] && echo passed || echo "FAILED (exit $rc)")")")
+  done
+  rows+=("$(printf '%-22s %8s  %s' "  (at once, wall)" "$(fmt $(($(date +%s) - t0)))" "$*")")
+  return $grc
+}
+
 scenarios() {
-  # make test-full: every scenario under molecule/ except the benchmark (make bench-stream), light
-  # labs first, so a broken preflight fails in minutes. make test: the three that prove the central
-  # promises (the gate in nccl, the engine and its proxy, the fleet); gpu_stack proves the driver
-  # install, which no promise of make test needs.
+  # The tier `molecule` (make test-full): every scenario under molecule/ except the benchmark
+  # (make bench-stream), light labs first, so a broken preflight fails in minutes. make test names
+  # its three scenarios itself (molecule:nccl, molecule:engine, molecule:fleet).
   local s
-  if [ "$GPUFLEET_TEST_TIER" = test ]; then
-    for s in nccl engine fleet; do echo "$s"; done
-    return
-  fi
   local order=(nccl gpu_stack engine fleet)
   for s in "${order[@]}"; do [ -f "molecule/$s/molecule.yml" ] && echo "$s"; done
   for s in molecule/*/molecule.yml; do
@@ -64,8 +93,12 @@ for tier in "$@"; do
     for s in $(scenarios); do
       run_tier "molecule $s" make --no-print-directory molecule SCENARIO="$s" || { status=$?; break 2; }
     done
+  elif [[ "$tier" == *+* ]]; then
+    IFS=+ read -r -a group <<<"$tier"
+    run_group "${group[@]}" || { status=$?; break; }
   else
-    run_tier "$tier" make --no-print-directory "$tier" || { status=$?; break; }
+    # shellcheck disable=SC2046
+    run_tier "$tier" $(command_of "$tier") || { status=$?; break; }
   fi
 done
 
