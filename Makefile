@@ -44,7 +44,7 @@ test-full:
 	@GPUFLEET_TEST_TIER=full tests/tiers.sh setup lab unit lint pythons labtests molecule
 
 fast:
-	@tests/tiers.sh setup unit lint
+	@GPUFLEET_TIERS_ENTRY="make fast" tests/tiers.sh setup unit lint
 
 # One command from a fresh machine to a streaming endpoint (installs what it needs, cached).
 demo: setup

@@ -12,9 +12,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 export GPUFLEET_TEST_TIER=${GPUFLEET_TEST_TIER:-full}
+# the entry point's name in the summary (make fast names itself)
 case "$GPUFLEET_TEST_TIER" in
-  test) entry="make test"; budget=$((40 * 60)) ;;
-  full) entry="make test-full"; budget=$((100 * 60)) ;;
+  test) entry=${GPUFLEET_TIERS_ENTRY:-make test}; budget=$((40 * 60)) ;;
+  full) entry=${GPUFLEET_TIERS_ENTRY:-make test-full}; budget=$((100 * 60)) ;;
   *) echo "GPUFLEET_TEST_TIER=$GPUFLEET_TEST_TIER: use test (make test) or full (make test-full)" >&2; exit 2 ;;
 esac
 declare -a rows=()
