@@ -104,7 +104,7 @@ lint: $(STAMP)
 # scenarios run molecule's sequence without that step (tests/molecule.sh).
 molecule: $(STAMP) lab
 	@if [ -n "$(SCENARIO)" ]; then \
-	  tests/molecule.sh $(SCENARIO); \
+	  BIN=$(BIN) tests/molecule.sh $(SCENARIO); \
 	else \
 	  $(BIN)/molecule test --all --exclude bench_stream; \
 	fi
