@@ -22,7 +22,9 @@ root=$(cd "$here/../.." && pwd)
 # What is slow to make (the engine image's archive, the tiny models, the router wheels, the lab's
 # SSH key) lives on the machine, not in the checkout, so a fresh clone finds it made: everything
 # in it is named by the hash of the recipe it comes from. GPUFLEET_CACHE moves it.
-cache="${GPUFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet}/lab"
+# (HOME may be unset: `gpufleet lab test` from cron or a CI job with a bare environment)
+home=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
+cache="${GPUFLEET_CACHE:-${XDG_CACHE_HOME:-$home/.cache}/gpufleet}/lab"
 mkdir -p "$cache"
 # The checkout's .cache/lab is a link to it: the Molecule scenarios and `gpufleet lab test` find
 # the archives and models there. A folder left there by an older checkout is set aside, not lost.
