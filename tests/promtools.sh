@@ -9,8 +9,7 @@
 # download fails and we are root. Calls at once (the unit tests' workers) take turns on a lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-home=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
-cache=${PROMTOOLS_CACHE:-${GPUFLEET_CACHE:-${XDG_CACHE_HOME:-$home/.cache}/gpufleet}/promtools}
+cache=${PROMTOOLS_CACHE:-$(tests/lab/harness.sh cache-dir)/promtools}
 packages=(prometheus prometheus-alertmanager)
 
 key_of() {

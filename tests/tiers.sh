@@ -28,13 +28,14 @@ trap 'rm -rf "$logs"' EXIT
 failed_log=
 
 fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+log_of() { printf '%s/%s.log' "$logs" "$(printf '%s' "$1" | tr -c 'A-Za-z0-9_-' _)"; }
 
 run_tier() {
   local name=$1; shift
   local t0 rc
   t0=$(date +%s)
   local log
-  log="$logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_-' _).log"
+  log=$(log_of "$name")
   printf '\n=== tier %s: %s\n' "$name" "$*"
   "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
@@ -58,13 +59,13 @@ run_group() {
   t0=$(date +%s)
   printf '\n=== tiers at once: %s\n' "$*"
   for name in "$@"; do
-    log="$logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_-' _).log"
+    log=$(log_of "$name")
     # shellcheck disable=SC2046
     ( s=$(date +%s); $(command_of "$name") >"$log" 2>&1; echo "$? $(($(date +%s) - s))" >"$log.rc" ) &
   done
   wait
   for name in "$@"; do
-    log="$logs/$(printf '%s' "$name" | tr -c 'A-Za-z0-9_-' _).log"
+    log=$(log_of "$name")
     printf '\n=== tier %s: %s (ran at once with: %s)\n' "$name" "$(command_of "$name")" "$*"
     cat "$log"
     read -r rc secs <"$log.rc" || { rc=1; secs=$(($(date +%s) - t0)); }

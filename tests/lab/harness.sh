@@ -15,6 +15,7 @@
 #   harness.sh login-user NAME...  on lab hosts NAME...: the unprivileged login user `admin` with
 #                            passwordless sudo, as a cloud image's first boot makes it (ubuntu, admin)
 #   harness.sh clean         remove lab containers, volumes and images (label io.gpufleet.lab)
+#   harness.sh cache-dir     print gpufleet's machine cache (its lab/ folder is the lab's cache)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +25,8 @@ root=$(cd "$here/../.." && pwd)
 # in it is named by the hash of the recipe it comes from. GPUFLEET_CACHE moves it.
 # (HOME may be unset: `gpufleet lab test` from cron or a CI job with a bare environment)
 home=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
-cache="${GPUFLEET_CACHE:-${XDG_CACHE_HOME:-$home/.cache}/gpufleet}/lab"
+machine_cache=${GPUFLEET_CACHE:-${XDG_CACHE_HOME:-$home/.cache}/gpufleet}
+cache="$machine_cache/lab"
 mkdir -p "$cache"
 # The checkout's .cache/lab is a link to it: the Molecule scenarios and `gpufleet lab test` find
 # the archives and models there. A folder left there by an older checkout is set aside, not lost.
@@ -208,5 +210,6 @@ case "${1:-}" in
   ssh) ssh_access "${2:?folder}" "${@:3}" ;;
   login-user) login_user "${@:2}" ;;
   clean) ensure_docker; clean ;;
-  *) sed -n '2,17p' "$0" >&2; exit 2 ;;
+  cache-dir) echo "$machine_cache" ;;
+  *) sed -n '2,18p' "$0" >&2; exit 2 ;;
 esac

@@ -45,8 +45,8 @@ def _gpufleet(*args, env=None, timeout=1500):
 def cache_home(tmp_path, monkeypatch):
     # the demo's own state (its key, its state file) in a folder of this test; the lab's archive and
     # models stay in the machine's cache (harness.sh), which would follow XDG_CACHE_HOME otherwise
-    machine = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet"
-    monkeypatch.setenv("GPUFLEET_CACHE", os.environ.get("GPUFLEET_CACHE") or str(machine))
+    machine = subprocess.run([HARNESS, "cache-dir"], check=True, capture_output=True, text=True).stdout.strip()
+    monkeypatch.setenv("GPUFLEET_CACHE", machine)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
