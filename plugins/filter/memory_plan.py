@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The memory planner as a filter (logic in module_utils/_memory_plan.py).
+"""The memory planner as a filter: the plan the engine role makes for an instance given these
+GPUs (module_utils/_engine_plan.plan_for, also behind `gpufleet plan`).
 
 Documented in memory_plan.yml beside this file (the sidecar ansible-doc reads)."""
 
@@ -12,6 +13,7 @@ import json
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan_for
 from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import ModelConfigError, load_model_config
 
 
@@ -22,7 +24,7 @@ def memory_plan(
         parsed = load_model_config(config if isinstance(config, str) else json.dumps(dict(config)))
         if not gpu_memory_mib and not gpu_memory_gib:
             raise _memory_plan.PlanInputError("give gpu_memory_mib or gpu_memory_gib")
-        plan = _memory_plan.plan_memory(
+        plan = plan_for(
             parsed,
             gpus=gpus,
             gpu_memory_bytes=_memory_plan.usable_bytes(gpu_memory_mib, gpu_memory_gib),

@@ -41,7 +41,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._plan_text import
 def memory_plan_of(inst: dict, config: dict, gpu=None):
     """The memory plan of one validated instance: (plan, None), or (None, why it is skipped).
     Raises what the planner raises on input it cannot read. A multi-node instance is planned
-    for all its nodes (`gpus` on each)."""
+    for all its nodes (`gpus` on each). The plan is plan_for's, the one `gpufleet plan` makes."""
     options = options_of(inst)
     pins = plan_pins(options)
     nodes = len(inst["nodes"]) if inst.get("nodes") else 1
@@ -49,8 +49,7 @@ def memory_plan_of(inst: dict, config: dict, gpu=None):
         pins["cross_node_tensor_parallel"] = True
     if inst.get("accelerator", "nvidia") == "cpu":
         space = int(inst.get("kv_cache_space_gib", 1)) * 2**30
-        plan = _memory_plan.plan_memory(config, accelerator="cpu", pins=pins, kv_space_bytes=space, nodes=nodes)
-        return plan, None
+        return plan_for(config, nodes=nodes, accelerator="cpu", pins=pins, kv_space_bytes=space), None
     devices = {d.get("index"): d for d in (gpu or {}).get("devices") or []}
     mine = [devices[g] for g in inst.get("gpus") or [] if g in devices]
     sizes = [d.get("memory_total_mib") for d in mine if d.get("memory_total_mib")]
@@ -58,9 +57,7 @@ def memory_plan_of(inst: dict, config: dict, gpu=None):
         return None, skipped_line(inst.get("gpus"))
     if nodes == 1 and (options.get("pipeline_parallel_size") or 1) != 1:
         return None, skipped_line(inst.get("gpus"), pipeline_parallel=True)
-    if nodes == 1 or "pipeline_parallel_size" not in pins:
-        pins.setdefault("tensor_parallel_size", len(inst["gpus"]))
-    plan = _memory_plan.plan_memory(
+    plan = plan_for(
         config,
         gpus=len(inst["gpus"]),
         nodes=nodes,
@@ -70,6 +67,89 @@ def memory_plan_of(inst: dict, config: dict, gpu=None):
         gpu_name=mine[0].get("name"),
     )
     return plan, None
+
+
+def plan_for(
+    config,
+    gpus=1,
+    nodes=1,
+    gpu_memory_bytes=None,
+    engine="vllm",
+    accelerator="nvidia",
+    pins=None,
+    gpu_name=None,
+    concurrency=None,
+    kv_space_bytes=None,
+):
+    """The memory plan of an instance given `gpus` GPUs on each of its `nodes` hosts, as the
+    engine role deploys it: the one plan behind the role's preflight and `gpufleet plan`.
+
+    An instance uses every GPU it is given: without a pin, tensor_parallel_size is its GPUs
+    per node (pipeline parallel across the nodes), unless pipeline_parallel_size is pinned on
+    a multi-node instance. Where fewer GPUs meet the same target, the plan's `advice` says so;
+    the plan itself stays the one deployed. pins: engine options by either engine's names,
+    and _memory_plan.PLANNER_PINS; None (and a false cross_node_tensor_parallel) is no pin."""
+    pins = _memory_plan.engine_neutral_pins(pins)
+    if not pins.get("cross_node_tensor_parallel"):
+        pins.pop("cross_node_tensor_parallel", None)
+    if accelerator == "cpu":
+        plan = _memory_plan.plan_memory(
+            config, accelerator="cpu", pins=pins, kv_space_bytes=kv_space_bytes, nodes=nodes, concurrency=concurrency
+        )
+        plan["advice"] = []
+        return plan
+    gpus = int(gpus or 1)
+    chosen = "tensor_parallel_size" not in pins
+    if chosen:
+        # every GPU of every node: tensor parallel within a node, one pipeline stage per node
+        # (unless pinned, or tensor parallel may span the nodes) -- the rule the role renders by
+        cross = {"cross_node_tensor_parallel": bool(pins.get("cross_node_tensor_parallel"))}
+        pp = pins.get("pipeline_parallel_size") or default_pipeline_parallel_size(cross, nodes)
+        pins["tensor_parallel_size"] = default_tensor_parallel_size({}, range(gpus), pp, nodes)
+        pins["tensor_parallel_from_gpus"] = True
+    kwargs = dict(
+        gpus=gpus,
+        nodes=nodes,
+        gpu_memory_bytes=gpu_memory_bytes,
+        engine=engine,
+        gpu_name=gpu_name,
+        concurrency=concurrency,
+    )
+    plan = _memory_plan.plan_memory(config, pins=pins, **kwargs)
+    plan["advice"] = []
+    if not chosen or plan["tensor_parallel_size"] is None:
+        return plan
+    tp = pins["tensor_parallel_size"]
+    if tp > 1:
+        plan["reasons"].insert(
+            0,
+            "tensor_parallel_size=%d: the instance's %s (an instance uses every GPU it is given; give it fewer, or "
+            "pin tensor_parallel_size, to use fewer)."
+            % (tp, "%d GPUs" % gpus if nodes == 1 else "%d GPUs on each of %d nodes" % (gpus, nodes)),
+        )
+    if nodes == 1 and gpus > 1 and plan["fits"]:
+        free = {k: v for k, v in pins.items() if k not in ("tensor_parallel_size", "tensor_parallel_from_gpus")}
+        fewer = _memory_plan.plan_memory(config, pins=free, suggest=False, **kwargs)
+        tp = fewer["tensor_parallel_size"]
+        if fewer["fits"] and fewer["level"] == 3 and tp and tp < gpus:
+            plan["advice"].append(
+                "tensor_parallel_size=%d meets the plan's target of %d requests at full length on %d of these %d GPUs "
+                "(max_model_len %d, %.2f requests at full length): give the instance %d GPU%s to free the rest%s."
+                % (
+                    tp,
+                    fewer["target_concurrency"],
+                    tp,
+                    gpus,
+                    fewer["max_model_len"],
+                    fewer["max_concurrency"],
+                    tp,
+                    "" if tp == 1 else "s",
+                    ", or run %d instances of TP %d on them, each with that room" % (gpus // tp, tp)
+                    if gpus // tp > 1
+                    else "",
+                )
+            )
+    return plan
 
 
 def memory_plans(instances, gpu=None, models=None, wheres=None):

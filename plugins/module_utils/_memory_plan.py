@@ -114,7 +114,9 @@ MIN_CONTEXT = 8192
 # What a plan can be pinned with: every engine option the plan knows (either engine's name
 # of it: _engine_options.OPTIONS, those with a plan_key), and these, which only the planner reads.
 # cross_node_tensor_parallel: true lets tensor parallelism span nodes (refused otherwise).
-PLANNER_PINS = ("rope_scaling", "cross_node_tensor_parallel")
+# tensor_parallel_from_gpus: true says the tensor_parallel_size pin is the instance's GPUs
+# (_engine_plan.plan_for), not the user's: the fixes then say "more GPUs", not "raise TP".
+PLANNER_PINS = ("rope_scaling", "cross_node_tensor_parallel", "tensor_parallel_from_gpus")
 # Pin values only the planner takes: quantization none (refuse a quantized checkpoint).
 PLANNER_CHOICES = {"quantization": ("none",)}
 
@@ -208,7 +210,7 @@ def _round_down(value, step):
     return int(value) // int(step) * int(step)
 
 
-def _pins(pins):
+def engine_neutral_pins(pins):
     """Engine-neutral pins: SGLang's names fold into vLLM's (_engine_options.plan_pins)."""
     pins = {k: v for k, v in (pins or {}).items() if v is not None}
     neutral = plan_pins({k: v for k, v in pins.items() if k in OPTIONS})
@@ -219,7 +221,7 @@ def _pins(pins):
 # a key that does not apply is None. docs/memory-plan.md says what each holds; a test checks
 # that every case has exactly these.
 PLAN_KEYS = (
-    "accelerator", "activation_bytes_per_gpu", "block_size", "cudagraph_bytes_per_gpu", "dtype",
+    "accelerator", "activation_bytes_per_gpu", "advice", "block_size", "cudagraph_bytes_per_gpu", "dtype",
     "enforce_eager", "engine", "engine_args", "errors", "fits", "gpu_memory_bytes", "gpu_memory_bytes_total",
     "gpu_memory_utilization", "gpus", "kv_bytes_per_token_per_gpu", "kv_cache_bytes_per_gpu", "kv_cache_dtype",
     "kv_cache_tokens", "level", "max_concurrency", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
@@ -272,7 +274,7 @@ def _plan_memory(
     CPU instance (per rank). suggest: when nothing fits, plan again with more nodes, FP8 and a
     shorter context, and name what fits (off in those plans themselves).
     """
-    pins = _pins(pins)
+    pins = engine_neutral_pins(pins)
     errors, warnings, reasons = [], [], []
     nodes = int(nodes or 1)
     if nodes < 1:
@@ -608,7 +610,7 @@ def _stage_budget(layout, tp, eager, stage=0):
                 kv_tokens,
                 kv_tokens,
                 ", or give the instance more GPUs"
-                if not pins.get("tensor_parallel_size")
+                if not _tp_pinned_by_user(pins)
                 else ", or raise tensor_parallel_size",
             )
         )
@@ -682,7 +684,7 @@ def _explain(r, engine, pins, limit, target, gpus, warnings, nodes=1):
             fixes.append("kv_cache_dtype fp8 (twice the tokens)")
         if r["max_model_len"] > 2048:
             fixes.append("a shorter max_model_len")
-        fixes.append("more GPUs" if "tensor_parallel_size" not in pins else "a larger tensor_parallel_size")
+        fixes.append("a larger tensor_parallel_size" if _tp_pinned_by_user(pins) else "more GPUs")
         warnings.append(
             "%d requests at max_model_len=%d need %d KV tokens; the cache holds %d: %.2f at full length at once "
             "(shorter requests share it; the rest wait in the queue). For more: %s."
@@ -714,9 +716,13 @@ def _why_length(r, limit, target):
     return "the %d-token floor the plan keeps, below the target concurrency" % min(limit, MIN_CONTEXT)
 
 
+def _tp_pinned_by_user(pins):
+    return bool(pins.get("tensor_parallel_size")) and not pins.get("tensor_parallel_from_gpus")
+
+
 def _more_memory_hint(config, pins):
     hints = []
-    if not pins.get("tensor_parallel_size"):
+    if not _tp_pinned_by_user(pins):
         hints.append("give the instance more GPUs")
     else:
         hints.append("raise tensor_parallel_size")

@@ -5,7 +5,7 @@
 `gpufleet plan` and the engine role's preflight output.
 
 plan_lines() formats a memory plan (what _memory_plan.plan_memory returns): the per-GPU
-figures, the KV cache line, the reasons and the warnings; with detail=True (the CLI) also
+figures, the KV cache line, the reasons, the warnings and the advice; with detail=True (the CLI) also
 the model, the hardware, whether it fits, a bar of one GPU's memory, the engine flags and
 the errors. instance_lines() adds what the role decided for one instance: image, port,
 shared memory, placement, the command line and how a change restarts it.
@@ -48,6 +48,7 @@ def plan_lines(plan, detail: bool = False) -> List[str]:
         )
     lines.extend("why: %s" % r for r in plan.get("reasons") or [])
     lines.extend("warning: %s" % w for w in plan.get("warnings") or [])
+    lines.extend("advice: %s" % a for a in plan.get("advice") or [])
     if detail:
         lines.extend("error: %s" % e for e in plan.get("errors") or [])
     return lines

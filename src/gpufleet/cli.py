@@ -171,6 +171,7 @@ def print_plan(plan: dict) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ansible_collections.gpufleet.serving.plugins.module_utils import _memory_plan as mp
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan_for
     from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import ModelConfigError
 
     problems = _plan_input_errors(args)
@@ -188,7 +189,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             )
         pins = {name: getattr(args, name) for name in _plan_pin_options()}
         pins["cross_node_tensor_parallel"] = args.cross_node_tensor_parallel
-        plan = mp.plan_memory(
+        # the engine role's own plan for an instance given these GPUs (one function for both)
+        plan = plan_for(
             config,
             gpus=args.gpus,
             nodes=args.nodes,
@@ -196,8 +198,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             engine=args.engine,
             accelerator=args.accelerator,
             pins=pins,
+            gpu_name=args.gpu_name,
             concurrency=args.concurrency,
-            kv_space_bytes=int(args.kv_cache_space_gib * GIB) if args.kv_cache_space_gib else None,
+            kv_space_bytes=int((args.kv_cache_space_gib or 1) * GIB) if args.accelerator == "cpu" else None,
         )
     except (ValueError, ModelConfigError) as exc:
         print("gpufleet plan: %s" % exc, file=sys.stderr)
@@ -253,11 +256,22 @@ def build_parser() -> argparse.ArgumentParser:
         "plan",
         help="the memory plan for a model on GPUs: what fits, the engine settings, and why",
         description="Compute weights, KV cache, activations, CUDA graphs and context per GPU the way the engine "
-        "does at startup; choose the settings you do not pin. Exit 0 when it fits, 2 when it does not, 1 on bad input.",
+        "does at startup; choose the settings you do not pin. The plan is the engine role's for an instance given "
+        "these GPUs (the role prints the same at preflight). Exit 0 when it fits, 2 when it does not, 1 on bad input.",
     )
     plan.add_argument("--model", required=True, help="model folder (or its config.json)")
     plan.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU in GiB, as nvidia-smi lists it (24, 80)")
-    plan.add_argument("--gpus", type=int, default=1, help="GPUs the instance may use on each node (default 1)")
+    plan.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="GPUs the instance is given on each node, its `gpus` list (default 1). As the engine role deploys it, "
+        "tensor_parallel_size is this unless pinned; where fewer GPUs would do, the plan's advice says so",
+    )
+    plan.add_argument(
+        "--gpu-name",
+        help="the GPU's name as nvidia-smi lists it (e.g. 'NVIDIA A100-SXM4-80GB'): vLLM's batch defaults depend on it",
+    )
     plan.add_argument(
         "--nodes",
         type=int,
@@ -274,7 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
     plan.add_argument("--accelerator", choices=("nvidia", "cpu"), default="nvidia")
     plan.add_argument(
-        "--kv-cache-space-gib", type=float, help="KV cache space of a CPU instance (VLLM_CPU_KVCACHE_SPACE)"
+        "--kv-cache-space-gib",
+        type=float,
+        help="KV cache space of a CPU instance (VLLM_CPU_KVCACHE_SPACE; default 1, as the engine role's "
+        "kv_cache_space_gib)",
     )
     _add_plan_pins(plan)
     plan.add_argument(
