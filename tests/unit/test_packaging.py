@@ -440,3 +440,20 @@ def test_execution_environment_collections_are_the_tested_ones(ee):
         manifest = Path(dist.locate_file("ansible_collections/%s/MANIFEST.json" % entry["name"].replace(".", "/")))
         shipped = json.loads(manifest.read_text())["collection_info"]["version"]
         assert entry["version"] == "==" + shipped, "ansible %s ships %s %s" % (pinned, entry["name"], shipped)
+
+
+def test_ruff_reads_every_python_script_without_an_extension():
+    """ruff finds files by extension: the scripts installed as commands (engine-watchdog, the
+    router's worker sync, the lab's stand-ins) are named in pyproject's extend-include."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    scripts = set()
+    for name in tracked.splitlines():
+        path = ROOT / name
+        if "." in path.name or not path.is_file():
+            continue
+        with path.open("rb") as handle:
+            first = handle.readline()
+        if first.startswith(b"#!") and b"python" in first:
+            scripts.add(name)
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert scripts and scripts == set(config["tool"]["ruff"]["extend-include"])
