@@ -95,7 +95,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tests/lint/check_argument_specs.py
+	$(BIN)/python tools/enginespec.py --check
 	$(BIN)/python tools/roledocs.py --check
+	$(BIN)/python tools/archmap.py --check
 	$(BIN)/ansible-lint --profile production
 	BIN=$(BIN) tests/sanity/run.sh
 	$(BIN)/antsibull-changelog lint

@@ -69,6 +69,8 @@ class Option:
     counterpart: Optional[str] = None
     # the memory plan's engine-neutral name (vLLM's) when the plan pins or sets this option
     plan_key: Optional[str] = None
+    # what it is, for the argument spec (tools/enginespec.py adds the flags, type and choices)
+    doc: str = ""
 
     @property
     def engines(self) -> Tuple[str, ...]:
@@ -81,6 +83,14 @@ class Option:
         """The engine's arguments for this option's value ([] when the engine lacks it)."""
         flag = self.flag(engine)
         return flag.render(value) if flag is not None and value is not None else []
+
+    def flags_text(self) -> str:
+        """Each engine's flag as the argument spec names it: "vLLM --a, SGLang --b", or
+        "vLLM and SGLang --a" when both spell it the same."""
+        texts = [(ENGINE_INFO[e].label, _flag_text(self.flag(e))) for e in self.engines]
+        if len(texts) == 2 and texts[0][1] == texts[1][1]:
+            return "%s and %s %s" % (texts[0][0], texts[1][0], texts[0][1])
+        return ", ".join("%s %s" % pair for pair in texts)
 
     def bounds_text(self) -> Optional[str]:
         """'above 0 and at most 1', 'at least 1', or None without bounds."""
@@ -105,58 +115,77 @@ def _number(x):
     return "%d" % x if float(x).is_integer() else "%s" % x
 
 
+def _flag_text(flag: Flag) -> str:
+    if flag.style == PAIR:
+        return "%s / --no-%s" % (flag.name, flag.name[2:])
+    if flag.style == INVERSE:
+        return "%s when false" % flag.name
+    return flag.name
+
+
 def _flag_value(value):
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _count(name, vllm=None, sglang=None, counterpart=None, plan_key=None):
+def _count(name, vllm=None, sglang=None, counterpart=None, plan_key=None, doc=""):
     """A count option: an integer of at least 1."""
-    return Option(name, int, vllm=vllm, sglang=sglang, minimum=1, counterpart=counterpart, plan_key=plan_key)
+    return Option(name, int, vllm=vllm, sglang=sglang, minimum=1, counterpart=counterpart, plan_key=plan_key, doc=doc)
 
 
-def _share(name, vllm=None, sglang=None, counterpart=None, plan_key=None):
+def _share(name, vllm=None, sglang=None, counterpart=None, plan_key=None, doc=""):
     """A share of GPU memory: above 0 and at most 1."""
     return Option(
         name, float, vllm=vllm, sglang=sglang, minimum=0, above=True, maximum=1, counterpart=counterpart,
-        plan_key=plan_key,
+        plan_key=plan_key, doc=doc,
     )  # fmt: skip
 
 
 # In the order their flags follow each other on the command line.
+_TP = "Tensor-parallel size; unset, the instance's GPUs on each node"
+_SHARE = "Share of each GPU's memory the engine may use; unset, the memory plan's"
+_LEN = "Longest request in tokens, prompt and output; unset, the memory plan's"
+_STEP = "Tokens per scheduler step (the prefill chunk); unset, the memory plan's"
 _OPTIONS = (
-    _count("tensor_parallel_size", Flag("--tensor-parallel-size"), Flag("--tp-size"), plan_key="tensor_parallel_size"),
+    _count("tensor_parallel_size", Flag("--tensor-parallel-size"), Flag("--tp-size"), plan_key="tensor_parallel_size",
+           doc=_TP),
     _count("pipeline_parallel_size", Flag("--pipeline-parallel-size"), Flag("--pp-size"),
-           plan_key="pipeline_parallel_size"),
+           plan_key="pipeline_parallel_size",
+           doc="Pipeline-parallel size; unset, one stage per node of a multi-node instance"),
     _share("gpu_memory_utilization", vllm=Flag("--gpu-memory-utilization"), counterpart="mem_fraction_static",
-           plan_key="gpu_memory_utilization"),
+           plan_key="gpu_memory_utilization", doc=_SHARE),
     _share("mem_fraction_static", sglang=Flag("--mem-fraction-static"), counterpart="gpu_memory_utilization",
-           plan_key="gpu_memory_utilization"),
-    _count("max_model_len", vllm=Flag("--max-model-len"), counterpart="context_length", plan_key="max_model_len"),
-    _count("context_length", sglang=Flag("--context-length"), counterpart="max_model_len", plan_key="max_model_len"),
-    _count("max_num_seqs", vllm=Flag("--max-num-seqs"), counterpart="max_running_requests", plan_key="max_num_seqs"),
+           plan_key="gpu_memory_utilization", doc=_SHARE),
+    _count("max_model_len", vllm=Flag("--max-model-len"), counterpart="context_length", plan_key="max_model_len",
+           doc=_LEN),
+    _count("context_length", sglang=Flag("--context-length"), counterpart="max_model_len", plan_key="max_model_len",
+           doc=_LEN),
+    _count("max_num_seqs", vllm=Flag("--max-num-seqs"), counterpart="max_running_requests", plan_key="max_num_seqs",
+           doc="Requests scheduled at once; unset, the memory plan's"),
     _count("max_running_requests", sglang=Flag("--max-running-requests"), counterpart="max_num_seqs",
-           plan_key="max_num_seqs"),
+           plan_key="max_num_seqs", doc="Requests run at once; unset, SGLang sizes it from its KV cache"),
     _count("max_num_batched_tokens", vllm=Flag("--max-num-batched-tokens"), counterpart="chunked_prefill_size",
-           plan_key="max_num_batched_tokens"),
+           plan_key="max_num_batched_tokens", doc=_STEP),
     _count("chunked_prefill_size", sglang=Flag("--chunked-prefill-size"), counterpart="max_num_batched_tokens",
-           plan_key="max_num_batched_tokens"),
+           plan_key="max_num_batched_tokens", doc=_STEP),
     Option("enable_chunked_prefill", bool, vllm=Flag("--enable-chunked-prefill", PAIR),
-           counterpart="chunked_prefill_size"),
+           counterpart="chunked_prefill_size", doc="Chunked prefill"),
     Option("enable_prefix_caching", bool, vllm=Flag("--enable-prefix-caching", PAIR),
-           sglang=Flag("--disable-radix-cache", INVERSE)),
+           sglang=Flag("--disable-radix-cache", INVERSE), doc="Prefix caching (SGLang's radix cache)"),
     Option("enforce_eager", bool, vllm=Flag("--enforce-eager", SWITCH), sglang=Flag("--disable-cuda-graph", SWITCH),
-           plan_key="enforce_eager"),
+           plan_key="enforce_eager", doc="CUDA graphs off; unset, the memory plan's choice"),
     Option("quantization", str, vllm=Flag("--quantization"), sglang=Flag("--quantization"), plan_key="quantization",
            choices=("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "bitsandbytes", "compressed-tensors",
-                    "modelopt")),
+                    "modelopt"), doc="Quantization method; must match the checkpoint"),
     Option("dtype", str, vllm=Flag("--dtype"), sglang=Flag("--dtype"), plan_key="dtype",
-           choices=("auto", "bfloat16", "float16", "float32", "half")),
+           choices=("auto", "bfloat16", "float16", "float32", "half"), doc="Weights and activation dtype"),
     Option("kv_cache_dtype", str, vllm=Flag("--kv-cache-dtype"), sglang=Flag("--kv-cache-dtype"),
-           plan_key="kv_cache_dtype", choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16")),
-    Option("reasoning_parser", str, vllm=Flag("--reasoning-parser"), sglang=Flag("--reasoning-parser")),
+           plan_key="kv_cache_dtype", choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"),
+           doc="KV cache dtype; fp8 holds twice the tokens"),
+    Option("reasoning_parser", str, vllm=Flag("--reasoning-parser"), sglang=Flag("--reasoning-parser"),
+           doc="Reasoning parser, e.g. deepseek_r1"),
     Option("trust_remote_code", bool, vllm=Flag("--trust-remote-code", SWITCH),
-           sglang=Flag("--trust-remote-code", SWITCH)),
-    Option("seed", int, vllm=Flag("--seed"), sglang=Flag("--random-seed")),
+           sglang=Flag("--trust-remote-code", SWITCH), doc="Run the model repository's own code"),
+    Option("seed", int, vllm=Flag("--seed"), sglang=Flag("--random-seed"), doc="Random seed"),
 )  # fmt: skip
 OPTIONS: Dict[str, Option] = {o.name: o for o in _OPTIONS}
 
@@ -184,6 +213,8 @@ class Engine:
     entrypoint: Tuple[str, ...]
     model_flag: str
     accelerators: Tuple[str, ...]
+    # how people write its name
+    label: str = ""
     # why an accelerator is missing, for the error message
     accelerator_note: str = ""
     # Prometheus names of {running, waiting, kv_cache_usage, prefix_cache_queries,
@@ -193,6 +224,25 @@ class Engine:
     server_flags: Tuple[str, ...] = ()
     # the flag that takes the instance's drain time in seconds (None: the engine has none)
     drain_flag: Optional[str] = None
+    # --ipc=host for every instance, not only multi-GPU ones (SGLang's launcher runs its
+    # tokenizer, scheduler and detokenizer as processes that share tensors through /dev/shm)
+    host_ipc: bool = False
+    # the environment variable that names the address its workers bind (None: it has none)
+    host_ip_env: Optional[str] = None
+    # True: it reads its API key from the environment (VLLM_API_KEY), which gpufleet puts in the
+    # 0600 secret file; False: only on the command line, where every local user can read it
+    api_key_from_env: bool = False
+    # distributed executors a multi-node instance may choose (distributed_executor_backend);
+    # empty: the engine has its own multi-node runtime and no such setting
+    executor_backends: Tuple[str, ...] = ()
+    # True: its memory share (gpu_memory_utilization) bounds everything it allocates on the GPU
+    # (weights, KV cache, activations, CUDA graphs), so two copies at shares adding up to less
+    # than 1 fit side by side; False: the share bounds the weights and the KV pool only
+    # (SGLang's mem_fraction_static), activations and graphs come on top
+    share_covers_all: bool = False
+    # True: it sizes its request pool from its KV cache itself; the plan's max_num_seqs is then
+    # only the largest CUDA-graph batch and is passed on only when pinned
+    sizes_request_pool: bool = False
     # A multi-node instance: the entrypoint its members run (vLLM's workers exist only on the
     # `vllm serve` path: started through the API server module, a follower asserts "collective_rpc
     # should not be called on follower node", checked in vLLM 0.32), and its flags.
@@ -200,7 +250,7 @@ class Engine:
 
     def group_flags(self, group: dict) -> List[str]:
         """The engine's multi-node flags for one member (_engine_group.context)."""
-        if self.name == "sglang":
+        if not self.executor_backends:
             # SGLang's ServerArgs: --nnodes, --node-rank, --dist-init-addr HOST:PORT
             return ["--nnodes", str(group["size"]), "--node-rank", str(group["rank"]),
                     "--dist-init-addr", host_port(group["master_addr"], group["master_port"])]  # fmt: skip
@@ -239,6 +289,7 @@ DRAIN_UNIT_MARGIN = 30
 ENGINE_INFO: Dict[str, Engine] = {
     "vllm": Engine(
         "vllm",
+        label="vLLM",
         entrypoint=("python3", "-m", "vllm.entrypoints.openai.api_server"),
         model_flag="--model",
         accelerators=("nvidia", "cpu"),
@@ -252,9 +303,14 @@ ENGINE_INFO: Dict[str, Engine] = {
         },
         drain_flag="--shutdown-timeout",
         group_entrypoint=("vllm", "serve"),
+        host_ip_env="VLLM_HOST_IP",
+        api_key_from_env=True,
+        executor_backends=("mp", "ray"),
+        share_covers_all=True,
     ),
     "sglang": Engine(
         "sglang",
+        label="SGLang",
         entrypoint=("python3", "-m", "sglang.launch_server"),
         model_flag="--model-path",
         accelerators=("nvidia",),
@@ -266,6 +322,8 @@ ENGINE_INFO: Dict[str, Engine] = {
         },
         server_flags=("--enable-metrics",),
         group_entrypoint=("python3", "-m", "sglang.launch_server"),
+        host_ipc=True,
+        sizes_request_pool=True,
     ),
 }
 # Flags gpufleet sets itself from the instance (api_key, bind, port, model, its name, drain

@@ -88,7 +88,7 @@ def ipc_mode(inst: dict):
     ipc = inst.get("ipc", "auto")
     options = options_of(inst)
     ranks = (options.get("tensor_parallel_size") or 1) * (options.get("pipeline_parallel_size") or 1)
-    if ipc == "host" or (ipc == "auto" and (inst.get("engine", "vllm") == "sglang" or ranks > 1)):
+    if ipc == "host" or (ipc == "auto" and (ENGINE_INFO[inst.get("engine", "vllm")].host_ipc or ranks > 1)):
         return "host", None
     default = "1g" if inst.get("accelerator", "nvidia") == "cpu" else "8g"
     return "private", inst.get("shm_size") or default
@@ -227,8 +227,8 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     # network and the interface that holds it (_engine_group.context); the firewall opens them
     # to the group's other members only.
     env["GLOO_SOCKET_IFNAME"] = group["ifname"] if group else "lo"
-    if engine == "vllm":
-        env["VLLM_HOST_IP"] = group["address"] if group else "127.0.0.1"
+    if ENGINE_INFO[engine].host_ip_env:
+        env[ENGINE_INFO[engine].host_ip_env] = group["address"] if group else "127.0.0.1"
     if accelerator == "nvidia":
         env["NCCL_SOCKET_IFNAME"] = group["ifname"] if group else "lo"
     ray = bool(group) and group.get("backend") == "ray"

@@ -11,7 +11,12 @@ instance is stopped, then started. roles/engine/tasks/restart.yml carries it out
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import is_type, options_of
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+    ENGINE_INFO,
+    is_type,
+    option_for,
+    options_of,
+)
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import render
 from ansible_collections.gpufleet.serving.plugins.module_utils._placement import slice_name, slice_unit
 
@@ -48,7 +53,10 @@ def _gpu_room(inst, instances, gpu, out):
     given = {g for other in instances if isinstance(other, dict) for g in other.get("gpus") or []}
     size = min([devices[g].get("memory_total_mib") or 0 for g in mine if g in devices] or [0])
     idle = [g for g in sorted(devices) if g not in given and (devices[g].get("memory_total_mib") or 0) >= size]
-    share = options_of(inst).get("gpu_memory_utilization") if inst.get("engine", "vllm") == "vllm" else None
+    engine = inst.get("engine", "vllm")
+    share = options_of(inst).get(option_for("gpu_memory_utilization", engine).name)
+    if not ENGINE_INFO[engine].share_covers_all:
+        share = None  # its share leaves activations and graphs out: two copies' shares do not add up
     if size and len(idle) >= len(mine):
         # idle GPUs on the instance's NUMA node(s) first
         nodes = {devices[g].get("numa_node") for g in mine}

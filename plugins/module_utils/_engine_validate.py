@@ -315,10 +315,12 @@ def _drain_timeout(one: Instance, seen: Host) -> List[str]:
 
 
 def _api_key(one: Instance, seen: Host) -> List[str]:
-    if one.engine == "sglang" and one.raw.get("api_key"):
+    info = ENGINE_INFO.get(one.engine)
+    if info is not None and not info.api_key_from_env and one.raw.get("api_key"):
         return [
-            "%s.api_key: SGLang takes its key only on the command line, where every local user can read it "
-            "(ps); leave api_key unset: the engine binds to loopback and the proxy checks client keys." % one.where
+            "%s.api_key: %s takes its key only on the command line, where every local user can read it "
+            "(ps); leave api_key unset: the engine binds to loopback and the proxy checks client keys."
+            % (one.where, info.label)
         ]
     return []
 
@@ -836,10 +838,11 @@ def _ray(one: Instance) -> List[str]:
     raw = one.raw
     backend = raw.get("distributed_executor_backend", "mp")
     where = one.where
-    if "distributed_executor_backend" in raw and one.engine == "sglang":
+    info = ENGINE_INFO.get(one.engine)
+    if "distributed_executor_backend" in raw and info is not None and not info.executor_backends:
         return [
-            "%s.distributed_executor_backend=%r: SGLang has no such setting (its own --dist-init-addr runtime "
-            "carries a multi-node instance); remove distributed_executor_backend and the ray_ keys." % (where, backend)
+            "%s.distributed_executor_backend=%r: %s has no such setting (its own multi-node runtime carries the "
+            "instance); remove distributed_executor_backend and the ray_ keys." % (where, backend, info.label)
         ]
     if backend not in BACKENDS:
         return ["%s.distributed_executor_backend=%r must be mp (vLLM's own executor across nodes, the default) or "

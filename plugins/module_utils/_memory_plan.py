@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ansible_collections.gpufleet.serving.plugins.module_utils import _model_shape as shape
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+    ENGINE_INFO,
     OPTIONS,
     engine_flags,
     option_for,
@@ -201,9 +202,32 @@ def nccl_memory(tensor_parallel_size, pipeline_parallel_size=1):
     return tp_part + (NCCL_PP if int(pipeline_parallel_size or 1) > 1 else 0)
 
 
-def _vllm_defaults(gpu_memory_bytes, gpu_name=None):
+def _vllm_defaults(gpu_memory_bytes, gpu_name=None, tp_guess=1):
     big = gpu_memory_bytes >= VLLM_BIG_GPU_GIB * GIB and "a100" not in (gpu_name or "").lower()
     return dict(VLLM_DEFAULTS_BIG if big else VLLM_DEFAULTS_SMALL)
+
+
+def _sglang_defaults(gpu_memory_bytes, gpu_name=None, tp_guess=1):
+    # SGLang sizes its request pool from the KV tokens itself; max_num_seqs here is the
+    # largest CUDA-graph batch (cuda_graph_max_bs), what its activations and graphs cover.
+    row = next(r for r in SGLANG_BY_MEMORY if gpu_memory_bytes < r[0] * GIB)
+    return {"max_num_batched_tokens": row[1], "max_num_seqs": row[2] if tp_guess < 4 else row[3]}
+
+
+def _vllm_graphs(config, tp, seqs, tokens, dbytes, layers):
+    return cudagraph_memory(config, tp, seqs, tokens, dbytes, layers)
+
+
+def _sglang_graphs(config, tp, seqs, tokens, dbytes, layers):
+    # captures batch sizes up to cuda_graph_max_bs, one graph each
+    return GRAPH_BASE + activation_peak(config, tp, seqs, 0, dbytes) + seqs // 8 * layers * GRAPH_PER_LAYER_PER_GRAPH
+
+
+# Each engine's calibration, by the engine registry's names: its batch defaults by GPU memory
+# and its CUDA graphs' memory. How its memory share counts is the registry's
+# (Engine.share_covers_all), as is whether it sizes its request pool itself.
+BATCH_DEFAULTS = {"vllm": _vllm_defaults, "sglang": _sglang_defaults}
+GRAPH_MEMORY = {"vllm": _vllm_graphs, "sglang": _sglang_graphs}
 
 
 def _round_down(value, step):
@@ -298,13 +322,7 @@ def _plan_memory(
             "max_model_len=%d is above the model's limit of %d tokens (config.json max_position_embeddings); "
             "lower it, or pin rope_scaling to extend the context." % (pinned_len, limit)
         )
-    defaults = _vllm_defaults(gpu_memory_bytes, gpu_name)
-    if engine == "sglang":
-        row = next(r for r in SGLANG_BY_MEMORY if gpu_memory_bytes < r[0] * GIB)
-        tp_guess = int(pins.get("tensor_parallel_size") or gpus or 1)
-        # SGLang sizes its request pool from the KV tokens itself; max_num_seqs here is the
-        # largest CUDA-graph batch (cuda_graph_max_bs), what its activations and graphs cover.
-        defaults = {"max_num_batched_tokens": row[1], "max_num_seqs": row[2] if tp_guess < 4 else row[3]}
+    defaults = BATCH_DEFAULTS[engine](gpu_memory_bytes, gpu_name, int(pins.get("tensor_parallel_size") or gpus or 1))
     tokens = pins.get("max_num_batched_tokens", defaults["max_num_batched_tokens"])
     seqs = pins.get("max_num_seqs", defaults["max_num_seqs"])
     target = int(concurrency or pins.get("max_num_seqs") or DEFAULT_CONCURRENCY)
@@ -488,17 +506,13 @@ def _stage_budget(layout, tp, eager, stage=0):
     acts = activation_peak(config, tp, tokens, seqs, dbytes)
     if not first:  # the hidden states and residual received from the previous stage
         acts += PP_INTERMEDIATE_TENSORS * int(tokens) * int(shape.text_config(config)["hidden_size"]) * dbytes
-    graphs = 0 if eager else cudagraph_memory(config, tp, seqs, tokens, dbytes, layers)
-    if engine == "sglang" and not eager:  # captures batch sizes up to cuda_graph_max_bs, one graph each
-        graphs = (
-            GRAPH_BASE + activation_peak(config, tp, seqs, 0, dbytes) + seqs // 8 * layers * GRAPH_PER_LAYER_PER_GRAPH
-        )
+    graphs = 0 if eager else GRAPH_MEMORY[engine](config, tp, seqs, tokens, dbytes, layers)
     outside = CUDA_CONTEXT + nccl_memory(tp, pp)
     bpt = shape.kv_bytes_per_token(config, tp, kv_dtype, dtype, pp, stage)
     label = "TP=%d" % tp if pp == 1 else "TP=%d x PP=%d (stage %d of %d, %d layers)" % (tp, pp, stage + 1, pp, layers)
     errors, warnings, reasons = [], [], []
     pinned_util = pins.get("gpu_memory_utilization")
-    if engine == "vllm":
+    if ENGINE_INFO[engine].share_covers_all:
         # vLLM's budget: everything but the context and NCCL; graphs and activations inside.
         room = (total - outside - MARGIN) / float(total)
         util = pinned_util or min(MAX_UTILIZATION, _floor2(room))
@@ -664,7 +678,7 @@ def _explain(r, engine, pins, limit, target, gpus, warnings, nodes=1):
             "tensor_parallel_size=%d spans %d nodes (cross_node_tensor_parallel): every layer's all-reduce crosses "
             "the network, slower than TP within a node and PP across nodes." % (tp, nodes)
         )
-    util_key = "gpu_memory_utilization" if engine == "vllm" else "mem_fraction_static"
+    util_key = option_for("gpu_memory_utilization", engine).name
     if "gpu_memory_utilization" not in pins:
         reasons.append(
             "%s=%.2f: keeps %s per GPU outside the engine's budget for the CUDA context%s and a %s margin."
@@ -918,7 +932,7 @@ def _options(result, engine, pins):
         "max_model_len": result["max_model_len"],
         # SGLang sizes its request pool itself: the plan's max_num_seqs there is the largest
         # CUDA-graph batch, so only a pinned value is passed on.
-        "max_num_seqs": result["max_num_seqs"] if engine == "vllm" else pins.get("max_num_seqs"),
+        "max_num_seqs": pins.get("max_num_seqs") if ENGINE_INFO[engine].sizes_request_pool else result["max_num_seqs"],
         "max_num_batched_tokens": result["max_num_batched_tokens"],
         "gpu_memory_utilization": result["gpu_memory_utilization"],
         "enforce_eager": True if result["enforce_eager"] else None,

@@ -428,13 +428,16 @@ def _add_plan_pins(plan: argparse.ArgumentParser) -> None:
         options = _plan_pin_options()
     except CollectionNotFoundError:
         return  # main() says so before any command runs
-    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import ENGINES, option_for
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+        ENGINE_INFO,
+        ENGINES,
+        option_for,
+    )
     from ansible_collections.gpufleet.serving.plugins.module_utils._memory_plan import PLANNER_CHOICES
 
-    label = {"vllm": "vLLM", "sglang": "SGLang"}
     for name, option in options.items():
         each = [(engine, option_for(name, engine)) for engine in ENGINES]
-        flags = ", ".join("%s %s" % (label[e], o.flag(e).name) for e, o in each if o is not None)
+        flags = ", ".join("%s %s" % (ENGINE_INFO[e].label, o.flag(e).name) for e, o in each if o is not None)
         help_text = "pin %s (%s)" % (name, flags)
         if option.kind is bool:
             plan.add_argument("--" + name.replace("_", "-"), action="store_true", default=None, help=help_text)

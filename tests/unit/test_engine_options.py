@@ -147,3 +147,18 @@ def test_gpufleet_plan_flags_are_the_registrys(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["plan", "--model", "m", "--kv-cache-dtype", "int3"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_argument_spec_is_generated_from_the_registry():
+    """tools/enginespec.py writes the typed options of both entry points from OPTIONS; the
+    file in the tree is what it writes (make lint runs the same check)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("enginespec", ROOT / "tools" / "enginespec.py")
+    enginespec = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(enginespec)
+    text = enginespec.SPEC.read_text()
+    assert enginespec.rewrite(text) == text
+    # an edited description inside the generated block is put back
+    edited = text.replace("Random seed (vLLM --seed", "Seed (vLLM --seed", 1)
+    assert edited != text and enginespec.rewrite(edited) == text
