@@ -217,8 +217,8 @@ class Engine:
     label: str = ""
     # why an accelerator is missing, for the error message
     accelerator_note: str = ""
-    # Prometheus names of {running, waiting, kv_cache_usage, prefix_cache_queries,
-    # prefix_cache_hits}; the first one present counts
+    # Prometheus names of METRIC_KEYS (those it exports); where several are given, the first one
+    # present counts (gpufleet status, the drain). The alert and recording rules take the first.
     metrics: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
     # flags every instance of the engine gets, after --host and --port
     server_flags: Tuple[str, ...] = ()
@@ -283,9 +283,31 @@ DRAIN_UNIT_MARGIN = 30
 # vllm:kv_cache_usage_perc (0-1; older releases: vllm:gpu_cache_usage_perc), checked against a
 # capture of vLLM 0.32.0 in tests/fixtures/engine_metrics/, as are its prefix cache counters
 # vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total (tokens). SGLang exports
-# sglang:num_running_reqs, sglang:num_queue_reqs and sglang:token_usage (0-1) (SGLang docs,
-# "Production Metrics"); gpufleet has no SGLang capture, so those are read by name only.
+# sglang:num_running_reqs, sglang:num_queue_reqs and sglang:token_usage (0-1), checked against
+# the capture SGLang's docs publish ("Production Metrics"; tests/fixtures/engine_metrics/).
 # SGLang serves /metrics only with --enable-metrics: status and the rollout's drain read it.
+# The rules' series (histograms by their base name; counters with _total) are vLLM 0.32's in the
+# same capture, and SGLang's in tests/fixtures/engine_metrics/sglang-*.txt (a real capture from
+# SGLang's own docs, of a 0.4.x server) and its source (python/sglang/srt/metrics/collector.py):
+# SGLang adds its token counters when a request finishes, so they are no sign of progress
+# (no `progress`: its hangs are the watchdog's one-token probe's); it counts no preemptions
+# (full: requests wait while its token pool is full instead); its prefix cache hit rate is a
+# gauge; inter_token_latency_seconds is 0.4.3's and later (the 0.4.x capture predates it).
+METRIC_KEYS = (
+    "running",  # requests in the batch (gauge)
+    "waiting",  # requests queued (gauge)
+    "kv_cache_usage",  # KV cache in use, 0-1 (gauge)
+    "prefix_cache_queries",  # prompt tokens looked up in the prefix cache (counter)
+    "prefix_cache_hits",  # of those, found there (counter)
+    "prefix_cache_hit_ratio",  # the engine's own hit ratio, 0-1 (gauge), where it has no counters
+    "generation_tokens",  # tokens generated (counter)
+    "prompt_tokens",  # prompt tokens processed (counter)
+    "progress",  # a counter that moves while tokens are generated (the hang signal)
+    "preemptions",  # requests preempted for KV room (counter)
+    "ttft",  # time to first token (histogram)
+    "itl",  # time between output tokens (histogram)
+    "e2e",  # request latency (histogram)
+)
 ENGINE_INFO: Dict[str, Engine] = {
     "vllm": Engine(
         "vllm",
@@ -300,6 +322,13 @@ ENGINE_INFO: Dict[str, Engine] = {
             # prompt tokens looked up in, and found in, the prefix cache since the engine started
             "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
             "prefix_cache_hits": ("vllm:prefix_cache_hits_total",),
+            "generation_tokens": ("vllm:generation_tokens_total",),
+            "prompt_tokens": ("vllm:prompt_tokens_total",),
+            "progress": ("vllm:generation_tokens_total",),
+            "preemptions": ("vllm:num_preemptions_total",),
+            "ttft": ("vllm:time_to_first_token_seconds",),
+            "itl": ("vllm:inter_token_latency_seconds",),
+            "e2e": ("vllm:e2e_request_latency_seconds",),
         },
         drain_flag="--shutdown-timeout",
         group_entrypoint=("vllm", "serve"),
@@ -319,6 +348,12 @@ ENGINE_INFO: Dict[str, Engine] = {
             "running": ("sglang:num_running_reqs",),
             "waiting": ("sglang:num_queue_reqs",),
             "kv_cache_usage": ("sglang:token_usage",),
+            "prefix_cache_hit_ratio": ("sglang:cache_hit_rate",),
+            "generation_tokens": ("sglang:generation_tokens_total",),
+            "prompt_tokens": ("sglang:prompt_tokens_total",),
+            "ttft": ("sglang:time_to_first_token_seconds",),
+            "itl": ("sglang:inter_token_latency_seconds",),
+            "e2e": ("sglang:e2e_request_latency_seconds",),
         },
         server_flags=("--enable-metrics",),
         group_entrypoint=("python3", "-m", "sglang.launch_server"),
@@ -341,6 +376,16 @@ OWN_ENV = ("VLLM_HOST_IP", "VLLM_API_KEY", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_O
            "TRANSFORMERS_OFFLINE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "RAY_ADDRESS", "RAY_AUTH_MODE",
            "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # fmt: skip
 SECRET_ENV_HINTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
+
+
+def engine_series() -> List[dict]:
+    """Per engine, the one Prometheus name of each METRIC_KEYS entry (None where it exports none):
+    what the monitoring role's rules read, through the engine_series filter."""
+    out = []
+    for name, info in ENGINE_INFO.items():
+        names = {key: (info.metrics.get(key) or (None,))[0] for key in METRIC_KEYS}
+        out.append(dict(names, engine=name, label=info.label))
+    return out
 
 
 def options_of(inst: dict) -> dict:

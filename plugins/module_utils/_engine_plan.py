@@ -137,11 +137,11 @@ def plan_for(
                 "(max_model_len %d, %.2f requests at full length): give the instance %d GPU%s to free the rest%s."
                 % (
                     tp,
-                    fewer["target_concurrency"],
+                    int(fewer["target_concurrency"] or 0),
                     tp,
                     gpus,
-                    fewer["max_model_len"],
-                    fewer["max_concurrency"],
+                    int(fewer["max_model_len"] or 0),
+                    float(fewer["max_concurrency"] or 0),
                     tp,
                     "" if tp == 1 else "s",
                     ", or run %d instances of TP %d on them, each with that room" % (gpus // tp, tp)

@@ -41,13 +41,21 @@ def _samples(text):
     return samples
 
 
+# What status and the drain read of an engine's /metrics (those the engine exports).
+STATUS_KEYS = ("running", "waiting", "kv_cache_usage", "prefix_cache_queries", "prefix_cache_hits")
+
+
 def parse_metrics(text, engine="vllm"):
     """{running, waiting, kv_cache_usage, prefix_cache_queries, prefix_cache_hits} from a
     Prometheus text page; None where absent.
     Several series of one metric (engines, ranks) add up; usage is their mean."""
     samples = _samples(text)
     out = {}
-    for key, names in metric_names(engine).items():
+    names_of = metric_names(engine)
+    for key in STATUS_KEYS:
+        if key not in names_of:
+            continue
+        names = names_of[key]
         values = next((samples[n] for n in names if n in samples), None)
         if values is None:
             out[key] = None

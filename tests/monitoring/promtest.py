@@ -16,7 +16,7 @@ DCGM_CAPTURES = {
     "a800": ROOT / "tests" / "fixtures" / "dcgm" / "8x_a800_sxm4_80gb_mig.txt",  # GPU 0 in MIG mode
     "rtx4000": ROOT / "tests" / "fixtures" / "dcgm" / "1x_rtx4000_ada_k8s.txt",
 }
-ENGINE_CAPTURES = sorted((ROOT / "tests" / "fixtures" / "engine_metrics").glob("vllm-*.txt"))
+ENGINE_CAPTURES = sorted((ROOT / "tests" / "fixtures" / "engine_metrics").glob("*.txt"))
 ENGINE_BUSY = ROOT / "tests" / "fixtures" / "engine_metrics" / "vllm-0.32.0-cpu-busy.txt"
 
 
@@ -86,3 +86,12 @@ ENGINE_TARGET = {
 def engine_series(steps: int = 40) -> list[dict]:
     """The busy vLLM capture as one engine instance (a800/tiny)."""
     return captured_series(ENGINE_BUSY, ENGINE_TARGET, steps)
+
+
+SGLANG_BUSY = next((ROOT / "tests" / "fixtures" / "engine_metrics").glob("sglang-*.txt"))
+SGLANG_TARGET = dict(ENGINE_TARGET, engine_instance="sg", model="llama-3.1-8b")
+
+
+def sglang_series(steps: int = 40) -> list[dict]:
+    """SGLang's busy capture as a second engine instance on the same host (a800/sg)."""
+    return captured_series(SGLANG_BUSY, SGLANG_TARGET, steps)

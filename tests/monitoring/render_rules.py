@@ -2,9 +2,11 @@
 
     python tests/monitoring/render_rules.py OUTPUT      e.g. /tmp/rules/gpufleet-rules.yml
 
-Values: roles/monitoring/defaults/main.yml (the documented thresholds) and the XID codes that
+Values: roles/monitoring/defaults/main.yml (the documented thresholds), the XID codes that
 mean drain (``DRAIN_XIDS`` of plugins/module_utils/_gpu_health.py, the list the watchdog
-quarantines on), as ``__monitoring_drain_xids``. Jinja2 with the options of Ansible's template
+quarantines on), as ``__monitoring_drain_xids``, and each engine's series from the engine
+registry (``engine_series()`` of plugins/module_utils/_engine_options.py, what the
+engine_series filter gives the role), as ``__monitoring_engines``. Jinja2 with the options of Ansible's template
 module (trim_blocks on, strict undefined), no filter beyond Jinja's own.
 
 The promtool unit tests (tests/monitoring/*.test.yml) name the rules file ``gpufleet-rules.yml``
@@ -43,10 +45,22 @@ def drain_xids() -> list[int]:
     return sorted(int(x) for x in module.DRAIN_XIDS)
 
 
+def engine_series() -> list[dict]:
+    """Each engine's series, from the engine registry (the collection made importable as the CLI does)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from gpufleet._collection import ensure_importable
+
+    ensure_importable()
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import engine_series as series
+
+    return series()
+
+
 def variables() -> dict[str, Any]:
     values = yaml.safe_load(DEFAULTS.read_text())
     values["ansible_managed"] = "Ansible managed: rendered by tests/monitoring/render_rules.py"
     values["__monitoring_drain_xids"] = drain_xids()
+    values["__monitoring_engines"] = engine_series()
     return values
 
 

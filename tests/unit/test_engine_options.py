@@ -14,6 +14,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     INSTANCE_KEYS,
     INVERSE,
     KIND_NAMES,
+    METRIC_KEYS,
     OPTIONS,
     PAIR,
     REMOVED,
@@ -114,16 +115,32 @@ def test_engine_flags_use_each_engines_names():
     }
 
 
+HISTOGRAMS = ("ttft", "itl", "e2e")  # named by their base name: the page has NAME_bucket{...}
+
+
+def _in_page(page: str, key: str, name: str) -> bool:
+    return ("\n%s%s{" % (name, "_bucket" if key in HISTOGRAMS else "")) in page
+
+
 def test_vllm_metric_names_are_in_a_real_vllm_metrics_page():
     page = (ROOT / "tests" / "fixtures" / "engine_metrics" / "vllm-0.32.0-cpu-busy.txt").read_text()
+    assert set(ENGINE_INFO["vllm"].metrics) <= set(METRIC_KEYS)
     for key, names in ENGINE_INFO["vllm"].metrics.items():
-        assert any("\n%s{" % n in page for n in names), key
-    # the load the rollout and status read is named for both engines; the prefix cache counters are
-    # vLLM's only (SGLang exports a hit-rate gauge, sglang:cache_hit_rate, not counters to add up)
-    assert set(ENGINE_INFO["vllm"].metrics) - set(ENGINE_INFO["sglang"].metrics) == {
-        "prefix_cache_queries",
-        "prefix_cache_hits",
-    }
+        assert any(_in_page(page, key, n) for n in names), key
+
+
+def test_sglang_metric_names_are_in_its_real_metrics_page():
+    """SGLang's published capture (a 0.4.x server) has every series the registry names but
+    inter_token_latency_seconds, which 0.4.3 added (collector.py); what it lacks is what the
+    rules handle otherwise: no preemption counter, no progress counter, a hit-rate gauge."""
+    (capture,) = (ROOT / "tests" / "fixtures" / "engine_metrics").glob("sglang-*.txt")
+    page = capture.read_text()
+    metrics = ENGINE_INFO["sglang"].metrics
+    assert set(metrics) <= set(METRIC_KEYS)
+    missing = {key for key, names in metrics.items() if not any(_in_page(page, key, n) for n in names)}
+    assert missing == {"itl"}
+    assert {"preemptions", "progress", "prefix_cache_queries", "prefix_cache_hits"}.isdisjoint(metrics)
+    assert "sglang:time_per_output_token_seconds_bucket{" in page  # the per-token latency of its day
 
 
 def test_engines_and_their_entrypoints():

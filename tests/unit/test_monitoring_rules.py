@@ -141,7 +141,11 @@ def test_ansible_renders_the_template_as_the_tests_do(tmp_path):
         pytest.skip("no ansible next to this Python")
     dest = tmp_path / RULES_FILE
     extra = tmp_path / "extra.json"
-    extra.write_text(json.dumps({"__monitoring_drain_xids": render_rules.drain_xids()}))
+    # the engines' series through the role's own filter, as configure.yml passes them
+    engines = "{{ none | gpufleet.serving.engine_series }}"
+    extra.write_text(
+        json.dumps({"__monitoring_drain_xids": render_rules.drain_xids(), "__monitoring_engines": engines})
+    )
     argv = [str(ansible), "localhost", "-c", "local", "-m", "ansible.builtin.template"]
     argv += ["-a", f"src={TEMPLATE} dest={dest}", "-e", f"@{DEFAULTS}", "-e", f"@{extra}"]
     run = subprocess.run(
@@ -173,7 +177,7 @@ def test_rules_on_the_real_captures(promtool, rules_dir):
     capture, as a Prometheus would hold them: no GPU alert on these healthy GPUs, the MIG GPU
     counted once, a GPU missing only where the host's facts expect more, and the engine's
     records computed from its real series."""
-    inputs = promtest.dcgm_series() + promtest.engine_series()
+    inputs = promtest.dcgm_series() + promtest.engine_series() + promtest.sglang_series()
     # the host's facts: 8 GPUs on the A800 host (all seen), 2 on the RTX 4000 host (one seen)
     for host, expected in (("a800", 8), ("rtx4000", 2)):
         labels = {"job": "node", "instance": f"{host}:9100", "host": host}
@@ -195,14 +199,25 @@ def test_rules_on_the_real_captures(promtool, rules_dir):
         case(firing("GpufleetGpuMissing"), ("ALERTS", missing, 1)),
         case(reporting, (reporting, {"host": "a800"}, 8), (reporting, {"host": "rtx4000"}, 1)),
     ]
-    instance = {"host": "a800", "engine_instance": "tiny"}
-    for record, value in (
-        ("gpufleet:engine_kv_cache_usage:ratio", 0.0002441704309608106),
-        ("gpufleet:engine_requests_running:sum", 2),
-        ("gpufleet:engine_requests_waiting:sum", 0),
-        ("gpufleet:engine_generation_tokens:rate5m", 0),  # a constant counter: no token in the window
-    ):
-        cases.append(case(record, (record, instance, value)))
+    # the engine records, per instance: vLLM's busy capture as a800/tiny, and SGLang's own busy
+    # capture beside it as a800/sg, each read through the registry's names for its engine
+    for name, values in (
+        ("tiny", (("gpufleet:engine_kv_cache_usage:ratio", 0.0002441704309608106),
+                  ("gpufleet:engine_requests_running:sum", 2),
+                  ("gpufleet:engine_requests_waiting:sum", 0),
+                  ("gpufleet:engine_generation_tokens:rate5m", 0))),  # a constant counter: no token in the window
+        ("sg", (("gpufleet:engine_kv_cache_usage:ratio", 0.28),
+                ("gpufleet:engine_requests_running:sum", 162),
+                ("gpufleet:engine_requests_waiting:sum", 2826),
+                ("gpufleet:engine_generation_tokens:rate5m", 0),
+                ("gpufleet:engine_prefix_cache_hit:ratio_rate5m", 0.007507552643049313))),
+    ):  # fmt: skip
+        instance = {"host": "a800", "engine_instance": name}
+        for record, value in values:
+            cases.append(case('%s{engine_instance="%s"}' % (record, name), (record, instance, value)))
+    # SGLang's capture is full of waiting requests but its token pool is 28 % used: no KV alert,
+    # not even pending
+    cases.append(case('ALERTS{alertname="GpufleetKVCacheFull"}'))
     test = {
         "rule_files": [RULES_FILE],
         "evaluation_interval": "15s",

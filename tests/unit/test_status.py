@@ -13,7 +13,7 @@ from engine_role import role_defaults
 from ansible_collections.gpufleet.serving.plugins.filter.engine_load import FilterModule as LoadFilters
 from ansible_collections.gpufleet.serving.plugins.filter.engine_status import engine_status
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import render
-from ansible_collections.gpufleet.serving.plugins.module_utils._status import parse_metrics, read_deployed
+from ansible_collections.gpufleet.serving.plugins.module_utils._status import engine_load, parse_metrics, read_deployed
 from gpufleet.runner import status_rows
 
 METRICS = ROOT / "tests" / "fixtures" / "engine_metrics"
@@ -40,6 +40,15 @@ def test_metrics_of_a_busy_and_an_idle_vllm():
     assert parse_metrics("", "sglang") == {"running": None, "waiting": None, "kv_cache_usage": None}
     sglang = 'sglang:num_running_reqs{tp_rank="0"} 3\nsglang:num_queue_reqs{tp_rank="0"} 1\nsglang:token_usage 0.5\n'
     assert parse_metrics(sglang, "sglang") == {"running": 3, "waiting": 1, "kv_cache_usage": 0.5}
+
+
+def test_metrics_of_a_busy_sglang_from_its_real_capture():
+    """SGLang's own published /metrics capture (tests/fixtures/engine_metrics/sglang-*.txt): the
+    registry's names find its running and queued requests and its token pool usage."""
+    (capture,) = METRICS.glob("sglang-*.txt")
+    load = parse_metrics(capture.read_text(), "sglang")
+    assert load == {"running": 162, "waiting": 2826, "kv_cache_usage": 0.28}
+    assert engine_load(capture.read_text(), "sglang") == 162 + 2826
 
 
 def test_metrics_are_read_by_prometheus_own_parser():
