@@ -378,6 +378,19 @@ OWN_ENV = ("VLLM_HOST_IP", "VLLM_API_KEY", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_O
 SECRET_ENV_HINTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
 
 
+# What an instance that does not say gets, written once: validation, the plan, rendering, the
+# restart strategy and the status reader read an instance through normalized().
+INSTANCE_DEFAULTS = {"engine": "vllm", "accelerator": "nvidia", "bind": "127.0.0.1", "readiness_timeout": 900}
+
+
+def normalized(inst: dict) -> dict:
+    """The instance with INSTANCE_DEFAULTS for what it leaves unset (a copy; idempotent)."""
+    out = dict(inst)
+    for key, value in INSTANCE_DEFAULTS.items():
+        out.setdefault(key, value)
+    return out
+
+
 def engine_series() -> List[dict]:
     """Per engine, the one Prometheus name of each METRIC_KEYS entry (None where it exports none):
     what the monitoring role's rules read, through the engine_series filter."""
@@ -475,6 +488,6 @@ def default_pipeline_parallel_size(inst: dict, nodes: int) -> int:
 def default_tensor_parallel_size(inst: dict, gpus, pp, nodes: int = 1) -> int:
     """An unpinned tensor_parallel_size spreads the model over all the instance's GPUs (on each
     of its `nodes`: pipeline parallel crosses the nodes, tensor parallel stays within one)."""
-    if inst.get("accelerator", "nvidia") == "cpu" or not gpus or not is_type(pp, int) or pp < 1:
+    if normalized(inst)["accelerator"] == "cpu" or not gpus or not is_type(pp, int) or pp < 1:
         return 1
     return max(1, len(gpus) * nodes // pp)

@@ -17,6 +17,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     default_pipeline_parallel_size,
     default_tensor_parallel_size,
     label,
+    normalized,
     options_of,
     plan_pins,
 )
@@ -42,12 +43,13 @@ def memory_plan_of(inst: dict, config: dict, gpu=None):
     """The memory plan of one validated instance: (plan, None), or (None, why it is skipped).
     Raises what the planner raises on input it cannot read. A multi-node instance is planned
     for all its nodes (`gpus` on each). The plan is plan_for's, the one `gpufleet plan` makes."""
+    inst = normalized(inst)
     options = options_of(inst)
     pins = plan_pins(options)
     nodes = len(inst["nodes"]) if inst.get("nodes") else 1
     if inst.get("cross_node_tensor_parallel"):
         pins["cross_node_tensor_parallel"] = True
-    if inst.get("accelerator", "nvidia") == "cpu":
+    if inst["accelerator"] == "cpu":
         space = int(inst.get("kv_cache_space_gib", 1)) * 2**30
         return plan_for(config, nodes=nodes, accelerator="cpu", pins=pins, kv_space_bytes=space), None
     devices = {d.get("index"): d for d in (gpu or {}).get("devices") or []}
@@ -62,7 +64,7 @@ def memory_plan_of(inst: dict, config: dict, gpu=None):
         gpus=len(inst["gpus"]),
         nodes=nodes,
         gpu_memory_bytes=_memory_plan.usable_bytes(min(sizes)),
-        engine=inst.get("engine", "vllm"),
+        engine=inst["engine"],
         pins=pins,
         gpu_name=mine[0].get("name"),
     )
@@ -178,6 +180,7 @@ def memory_plans(instances, gpu=None, models=None, wheres=None):
 def with_plan(inst: dict, plan=None) -> dict:
     """The instance with the plan's values for every option it does not pin (and, without a
     plan, tensor_parallel_size spread over the instance's GPUs)."""
+    inst = normalized(inst)
     pinned = options_of(inst)
     merged = dict(inst)
     nodes = len(inst["nodes"]) if inst.get("nodes") else 1
@@ -185,7 +188,7 @@ def with_plan(inst: dict, plan=None) -> dict:
         pp = pinned.get("pipeline_parallel_size") or default_pipeline_parallel_size(inst, nodes)
         if pinned.get("pipeline_parallel_size") is None and pp > 1:
             merged["pipeline_parallel_size"] = pp
-        if pinned.get("tensor_parallel_size") is None and inst.get("accelerator", "nvidia") != "cpu":
+        if pinned.get("tensor_parallel_size") is None and inst["accelerator"] != "cpu":
             gpus = inst.get("gpus") or []
             tp = default_tensor_parallel_size(inst, gpus, pp, nodes)
             if tp > 1:
@@ -216,7 +219,8 @@ def plan(instances, gpu=None, models=None, host=None, defaults=None) -> dict:
     )
     if errors:
         return {"errors": errors, "instances": []}
-    everything = list(instances) + [m["instance"] for m in members]
+    # every default applied once, from the registry (INSTANCE_DEFAULTS): what every step below reads
+    everything = [normalized(i) for i in list(instances) + [m["instance"] for m in members]]
     # a worker's instance is written in its leader's gpufleet_engines, not this host's
     wheres = [label(i, inst) for i, inst in enumerate(instances)] + [
         "%s's multi-node instance %s" % (m["group"]["leader"], m["instance"].get("name")) for m in members

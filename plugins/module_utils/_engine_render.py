@@ -23,6 +23,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     ENGINE_INFO,
     OPTIONS,
     drain_timeout,
+    normalized,
     option_for,
     options_of,
 )
@@ -41,7 +42,8 @@ DEPLOYED_FORMAT = 1
 
 def image_key(inst: dict) -> str:
     """The engine_images key of an instance: ENGINE_ACCELERATOR, e.g. vllm_nvidia."""
-    return "%s_%s" % (inst.get("engine", "vllm"), inst.get("accelerator", "nvidia"))
+    inst = normalized(inst)
+    return "%s_%s" % (inst["engine"], inst["accelerator"])
 
 
 def image_of(inst: dict, defaults=None):
@@ -51,16 +53,18 @@ def image_of(inst: dict, defaults=None):
 
 def drain_of(inst: dict) -> int:
     """Seconds the instance drains when it stops (_engine_options.drain_timeout)."""
-    length = option_for("max_model_len", inst.get("engine", "vllm"))
+    inst = normalized(inst)
+    length = option_for("max_model_len", inst["engine"])
     return drain_timeout(inst, options_of(inst).get(length.name) if length else None)
 
 
 def engine_args(inst: dict) -> list:
     """The engine's own command line (after the entrypoint) for a validated instance."""
-    engine = inst.get("engine", "vllm")
+    inst = normalized(inst)
+    engine = inst["engine"]
     name = inst["name"]
     args = [ENGINE_INFO[engine].model_flag, MODEL_MOUNT % name, "--served-model-name", served_name(inst)]
-    args += ["--host", inst.get("bind", "127.0.0.1"), "--port", str(inst["port"])]
+    args += ["--host", inst["bind"], "--port", str(inst["port"])]
     args += ENGINE_INFO[engine].server_flags
     if ENGINE_INFO[engine].drain_flag:
         args += [ENGINE_INFO[engine].drain_flag, str(drain_of(inst))]
@@ -85,12 +89,13 @@ def ipc_mode(inst: dict):
     share memory or the engine is SGLang, and otherwise gives the container its own sized
     /dev/shm so it does not see the host's IPC namespace.
     """
+    inst = normalized(inst)
     ipc = inst.get("ipc", "auto")
     options = options_of(inst)
     ranks = (options.get("tensor_parallel_size") or 1) * (options.get("pipeline_parallel_size") or 1)
-    if ipc == "host" or (ipc == "auto" and (ENGINE_INFO[inst.get("engine", "vllm")].host_ipc or ranks > 1)):
+    if ipc == "host" or (ipc == "auto" and (ENGINE_INFO[inst["engine"]].host_ipc or ranks > 1)):
         return "host", None
-    default = "1g" if inst.get("accelerator", "nvidia") == "cpu" else "8g"
+    default = "1g" if inst["accelerator"] == "cpu" else "8g"
     return "private", inst.get("shm_size") or default
 
 
@@ -99,6 +104,7 @@ def placement(inst: dict, gpu=None, host=None):
     to its GPUs; for accelerator cpu, the host's first NUMA node. An instance's own `cpus`
     wins (validation keeps a GPU instance's within its GPUs' node); a default set leaves out
     the host's housekeeping CPUs (engine_housekeeping_cpus: nginx, the exporters, the watchdog)."""
+    inst = normalized(inst)
     gpu = gpu or {}
     host = host or {}
     nodes = host.get("numa_nodes") or []
@@ -117,7 +123,7 @@ def placement(inst: dict, gpu=None, host=None):
 
     if inst.get("cpus"):
         return inst["cpus"], mems_of(inst["cpus"]), "cpus given for the instance"
-    if inst.get("accelerator", "nvidia") == "cpu":
+    if inst["accelerator"] == "cpu":
         if node_cpus:
             first = sorted(node_cpus)[0]
             return rest(node_cpus[first]), str(first), "CPU instance on NUMA node %d%s" % (first, spared)
@@ -154,25 +160,28 @@ def local_address(bind):
 
 def upstream_address(inst: dict, port=None) -> str:
     """host:port at which the host's proxy lists the instance (or its copy on `port`)."""
-    return "%s:%d" % (local_address(inst.get("bind", "127.0.0.1")), inst["port"] if port is None else port)
+    inst = normalized(inst)
+    return "%s:%d" % (local_address(inst["bind"]), inst["port"] if port is None else port)
 
 
 def base_url(inst: dict) -> str:
-    host = local_address(inst.get("bind", "127.0.0.1"))
+    inst = normalized(inst)
+    host = local_address(inst["bind"])
     return "http://%s:%d" % (host if ":" not in host else "[%s]" % host, inst["port"])
 
 
 def deployed(inst: dict, image: str, placed=(None, None)) -> dict:
     """What the role records beside docker-run.args (deployed.json) for `gpufleet status`:
     the instance's settings as it runs, no secrets (no api_key, env or extra_args)."""
-    engine = inst.get("engine", "vllm")
+    inst = normalized(inst)
+    engine = inst["engine"]
     options = {k: v for k, v in sorted(options_of(inst).items()) if v is not None}
     length = option_for("max_model_len", engine)
     return {
         "format": DEPLOYED_FORMAT,
         "name": inst["name"],
         "engine": engine,
-        "accelerator": inst.get("accelerator", "nvidia"),
+        "accelerator": inst["accelerator"],
         "image": image,
         "model": inst["model"],
         "served_model_name": served_name(inst),
@@ -205,15 +214,16 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     defaults: the role's settings: images (engine_images), ulimits (engine_ulimits),
     env_files, config_dir.
     """
+    inst = normalized(inst)
     defaults = defaults or {}
-    engine = inst.get("engine", "vllm")
-    accelerator = inst.get("accelerator", "nvidia")
+    engine = inst["engine"]
+    accelerator = inst["accelerator"]
     name = inst["name"]
     image = image_of(inst, defaults)
     ipc, shm = ipc_mode(inst)
     cpus, mems, why = placement(inst, gpu, host)
     port = inst["port"]
-    health_host = local_address(inst.get("bind", "127.0.0.1"))
+    health_host = local_address(inst["bind"])
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     # A single-host instance's own sockets stay on loopback, so with --network host they are
     # not reachable from other machines (only --host/--port faces the proxy): the address vLLM
@@ -291,7 +301,7 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         docker += [
             "--health-cmd", "python3 -c \"%s\"" % probe,
             "--health-interval", "30s", "--health-timeout", "10s", "--health-retries", "3",
-            "--health-start-period", "%ds" % inst.get("readiness_timeout", 900),
+            "--health-start-period", "%ds" % inst["readiness_timeout"],
         ]  # fmt: skip
     else:
         # a headless worker serves no HTTP: the leader's readiness speaks for the group
@@ -335,7 +345,7 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "address": upstream_address(inst),
         "served_model_name": served_name(inst),
         "model": inst["model"],
-        "readiness_timeout": inst.get("readiness_timeout", 900),
+        "readiness_timeout": inst["readiness_timeout"],
         "drain_timeout": drain,
         # systemd's TimeoutStopSec for the unit (a drop-in per instance): above docker's stop timeout
         "stop_timeout": drain + DRAIN_UNIT_MARGIN,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
     ENGINE_INFO,
     is_type,
+    normalized,
     option_for,
     options_of,
 )
@@ -48,12 +49,13 @@ def _cpu_room(inst, memory_plan, host, out):
 
 
 def _gpu_room(inst, instances, gpu, out):
+    inst = normalized(inst)
     devices = {d.get("index"): d for d in gpu.get("devices") or []}
     mine = list(inst.get("gpus") or [])
     given = {g for other in instances if isinstance(other, dict) for g in other.get("gpus") or []}
     size = min([devices[g].get("memory_total_mib") or 0 for g in mine if g in devices] or [0])
     idle = [g for g in sorted(devices) if g not in given and (devices[g].get("memory_total_mib") or 0) >= size]
-    engine = inst.get("engine", "vllm")
+    engine = inst["engine"]
     share = options_of(inst).get(option_for("gpu_memory_utilization", engine).name)
     if not ENGINE_INFO[engine].share_covers_all:
         share = None  # its share leaves activations and graphs out: two copies' shares do not add up
@@ -81,6 +83,7 @@ def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults
     """Can a copy of the instance, with its new settings, run beside the running one while it
     restarts (start-before-stop)? {fits, why, port, gpus, need_mib (CPU), docker_args, container,
     base_url, address}. `inst` carries the planned options."""
+    inst = normalized(inst)
     defaults, host, gpu = defaults or {}, host or {}, gpu or {}
     out = {"fits": False, "port": surge_port(inst), "gpus": []}
     if defaults.get("surge", "auto") == "never":
@@ -89,7 +92,7 @@ def surge(inst: dict, instances, memory_plan=None, gpu=None, host=None, defaults
         # its members restart together (a copy would need a copy on every node); a second
         # replica behind the edge carries the traffic meanwhile
         out["why"] = "a multi-node instance restarts as a whole group"
-    elif inst.get("accelerator", "nvidia") == "cpu":
+    elif inst["accelerator"] == "cpu":
         _cpu_room(inst, memory_plan, host, out)
     else:
         _gpu_room(inst, instances, gpu, out)

@@ -39,6 +39,7 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options i
     default_tensor_parallel_size,
     is_type,
     label,
+    normalized,
     options_of,
 )
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import image_key, image_of, placement
@@ -132,8 +133,8 @@ class Instance:
             index=i,
             where=where or label(i, inst),
             raw=inst,
-            engine=inst.get("engine", "vllm"),
-            accelerator=inst.get("accelerator", "nvidia"),
+            engine=normalized(inst)["engine"],
+            accelerator=normalized(inst)["accelerator"],
             options=options,
             gpus=gpus,
             tp=options.get("tensor_parallel_size") or default_tensor_parallel_size(inst, gpus, pp, count),
@@ -366,7 +367,7 @@ def _port(one: Instance, seen: Host) -> List[str]:
 
 
 def _bind(one: Instance, seen: Host) -> List[str]:
-    bind = one.raw.get("bind", "127.0.0.1")
+    bind = normalized(one.raw)["bind"]
     try:
         address = ipaddress.ip_address(bind)
     except (TypeError, ValueError):
@@ -971,7 +972,7 @@ def _shm_size(one: Instance, seen: Host) -> List[str]:
 
 
 def _readiness_timeout(one: Instance, seen: Host) -> List[str]:
-    rt = one.raw.get("readiness_timeout", 900)
+    rt = normalized(one.raw)["readiness_timeout"]
     if not is_type(rt, int) or rt < 10:
         return ["%s.readiness_timeout=%r must be an integer number of seconds, at least 10." % (one.where, rt)]
     return []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import metric_names
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import INSTANCE_DEFAULTS, metric_names
 from ansible_collections.gpufleet.serving.plugins.module_utils._placement import same
 
 try:  # a gpufleet dependency on the controller, where the filters that use this run
@@ -143,7 +143,11 @@ def host_status(instances, gpu=None, nccl_env=None):
     }
     for inst in instances or []:
         deployed = read_deployed(inst.get("deployed"))
-        load = parse_metrics(inst.get("metrics"), deployed["engine"] or "vllm") if inst.get("metrics") else {}
+        load = (
+            parse_metrics(inst.get("metrics"), deployed["engine"] or INSTANCE_DEFAULTS["engine"])
+            if inst.get("metrics")
+            else {}
+        )
         active = inst.get("active") or "unknown"
         # a multi-node worker serves no HTTP: running is all it can say (its leader serves the group)
         worker = bool((deployed.get("node") or {}).get("rank"))
@@ -214,7 +218,7 @@ def idle_targets(deployed, plan_instances=None, override=0):
         out.append(
             {
                 "name": entry["name"],
-                "engine": entry.get("engine") or "vllm",
+                "engine": entry.get("engine") or INSTANCE_DEFAULTS["engine"],
                 "base_url": entry["base_url"],
                 "timeout": max(int(timeout), 2),
             }
@@ -228,7 +232,10 @@ def busy(results):
     names = []
     for result in results or []:
         item = result.get("item") or {}
-        if result.get("status") == 200 and engine_load(result.get("content"), item.get("engine") or "vllm") > 0:
+        if (
+            result.get("status") == 200
+            and engine_load(result.get("content"), item.get("engine") or INSTANCE_DEFAULTS["engine"]) > 0
+        ):
             names.append(item.get("name"))
     return names
 

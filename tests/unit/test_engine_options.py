@@ -179,3 +179,25 @@ def test_the_argument_spec_is_generated_from_the_registry():
     # an edited description inside the generated block is put back
     edited = text.replace("Random seed (vLLM --seed", "Seed (vLLM --seed", 1)
     assert edited != text and enginespec.rewrite(edited) == text
+
+
+def test_an_instances_defaults_are_written_once():
+    """INSTANCE_DEFAULTS is what every stage reads an unset key as (normalized()); the argument
+    spec states the same defaults and the registry's engines and accelerators as its choices."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+        ACCELERATORS,
+        INSTANCE_DEFAULTS,
+        normalized,
+    )
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import render
+
+    for key, value in INSTANCE_DEFAULTS.items():
+        assert DOCUMENTED[key]["default"] == value, key
+    assert tuple(DOCUMENTED["engine"]["choices"]) == ENGINES
+    assert tuple(DOCUMENTED["accelerator"]["choices"]) == ACCELERATORS
+    raw = {"name": "chat", "model": "/srv/models/m", "port": 8001, "gpus": [0]}
+    record = normalized(raw)
+    assert record == dict(raw, **INSTANCE_DEFAULTS) and normalized(record) == record
+    assert normalized(dict(raw, engine="sglang", bind="0.0.0.0"))["bind"] == "0.0.0.0"
+    images = {"vllm_nvidia": "vllm/vllm-openai:v1", "sglang_nvidia": "lmsysorg/sglang:v1"}
+    assert render(raw, defaults={"images": images}) == render(record, defaults={"images": images})
