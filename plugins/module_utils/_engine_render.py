@@ -351,6 +351,11 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "stop_timeout": drain + DRAIN_UNIT_MARGIN,
         # the GPUs whose faults the watchdog acts on (DCGM): its own unless watch_gpus says
         "watch_gpus": list(inst["watch_gpus"] if "watch_gpus" in inst else inst.get("gpus") or []),
+        # the series the watchdog reads the engine's load and progress from (the registry's;
+        # None: the engine has none, the probe alone decides)
+        "load_series": {
+            key: (ENGINE_INFO[engine].metrics.get(key) or (None,))[0] for key in ("running", "waiting", "progress")
+        },
         "has_api_key": bool(inst.get("api_key")),
         # False on a multi-node instance's workers: no API, no proxy, no readiness of their own
         "serves": serves,

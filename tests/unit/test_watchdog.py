@@ -105,3 +105,78 @@ def test_an_operator_quarantines_and_releases(host):
     rc, out = run("release", "nope")
     assert rc == 1 and "no engine instance 'nope'" in out
     assert run("quarantine", "tiny")[0] == 2
+
+
+# --- hang means no progress: the probe's verdict with the engine's own load around it ---------
+
+
+def _watchdog_module():
+    """The installed script as a module (it has no .py extension), its parser beside it."""
+    import importlib.machinery
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "plugins" / "module_utils"))
+    try:
+        loader = importlib.machinery.SourceFileLoader(
+            "gpufleet_engine_watchdog", str(ROOT / "roles" / "engine" / "files" / "engine-watchdog")
+        )
+        spec = importlib.util.spec_from_loader(loader.name, loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "plugins" / "module_utils"))
+
+
+def test_a_busy_engine_whose_probe_times_out_is_not_hung():
+    """The issue's case: under saturation the one-token probe waits in the engine's queue past
+    its timeout while the engine streams. Tokens advanced during the probe while it held
+    requests: busy, served. No advance while holding requests, or nothing held: the probe's
+    failure stands. Unknown load (no progress counter, /metrics silent): the probe decides."""
+    judge = _watchdog_module().judge
+    served, why = judge(False, (4.0, 1000.0), (5.0, 1180.0))
+    assert served is True and "180 tokens generated for 5 requests" in why
+    assert judge(False, (4.0, 1000.0), (5.0, 1000.0)) == (False, "")  # stuck: hung
+    assert judge(False, (0.0, 1000.0), (0.0, 1000.0)) == (False, "")  # idle and unserved: hung
+    assert judge(False, None, (5.0, 1180.0)) == (False, "")
+    assert judge(False, (4.0, 1000.0), None) == (False, "")
+    assert judge(True, None, None) == (True, "") and judge(None, None, None) == (None, "")
+
+
+def test_the_engine_load_is_read_from_a_real_metrics_page(tmp_path):
+    """engine_load() on vLLM 0.32's busy capture, served over HTTP as the engine serves it: the
+    registry's series (two running, none waiting; the generated-token counter)."""
+    import http.server
+    import threading
+
+    page = (ROOT / "tests" / "fixtures" / "engine_metrics" / "vllm-0.32.0-cpu-busy.txt").read_bytes()
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(page if self.path == "/metrics" else b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        watchdog = _watchdog_module()
+        from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import ENGINE_INFO
+
+        series = {k: ENGINE_INFO["vllm"].metrics[k][0] for k in ("running", "waiting", "progress")}
+        cfg = {"base_url": "http://127.0.0.1:%d" % server.server_address[1], "load_series": series}
+        expected = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in page.decode().splitlines()
+            if line.startswith("vllm:generation_tokens_total{")
+        )
+        assert watchdog.engine_load(cfg) == (2.0, expected) and expected > 0
+        # an engine without a progress counter (SGLang): no load, the probe decides
+        assert watchdog.engine_load(dict(cfg, load_series=dict(series, progress=None))) is None
+        # /metrics not answering: unknown
+        assert watchdog.engine_load(dict(cfg, base_url="http://127.0.0.1:9")) is None
+    finally:
+        server.shutdown()
