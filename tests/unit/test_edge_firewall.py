@@ -289,3 +289,20 @@ def test_a_bad_monitoring_source_is_named_once_whatever_needs_it():
             "firewall_monitoring_sources: 'mon.lan' is not an address or network (10.0.0.5, 10.0.0.0/24); the firewall "
             "matches addresses, so give the host's address (ansible_host) rather than its name."
         ]
+
+
+def test_the_router_helper_fails_when_the_router_does_not_answer(tmp_path):
+    """gpufleet-router-workers against a router that does not answer: exit 4 with the reason (it
+    exited 0 before, so a drained instance stayed in a running router's list unnoticed)."""
+    import json
+
+    from conftest import ROOT
+
+    workers = tmp_path / "workers.env"
+    workers.write_text('GPUFLEET_ROUTER_WORKERS="http://10.0.0.5:8443/gpufleet/instance/tiny"\n')
+    helper = ROOT / "roles" / "edge" / "files" / "gpufleet-router-workers"
+    done = subprocess.run([sys.executable, str(helper), str(workers), "http://127.0.0.1:9"], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 4, done.stdout + done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["unreachable"] and answer["added"] == [] and answer["removed"] == []
