@@ -278,7 +278,7 @@ def _engine(one: Instance, seen: Host) -> List[str]:
         errors.append("%s.engine=%r must be one of %s." % (one.where, one.engine, ", ".join(ENGINES)))
     if one.accelerator not in ACCELERATORS:
         errors.append("%s.accelerator=%r must be one of %s." % (one.where, one.accelerator, ", ".join(ACCELERATORS)))
-    info = ENGINE_INFO.get(one.engine)
+    info = _engine_info(one)
     if info and one.accelerator in ACCELERATORS and one.accelerator not in info.accelerators:
         others = [e for e in ENGINES if one.accelerator in ENGINE_INFO[e].accelerators]
         errors.append(
@@ -315,8 +315,14 @@ def _drain_timeout(one: Instance, seen: Host) -> List[str]:
     return []
 
 
+def _engine_info(one: Instance):
+    """The registry's entry for the instance's engine; None for a name it does not know (or a
+    value that is not a name: its own check names it)."""
+    return ENGINE_INFO.get(one.engine) if isinstance(one.engine, str) else None
+
+
 def _api_key(one: Instance, seen: Host) -> List[str]:
-    info = ENGINE_INFO.get(one.engine)
+    info = _engine_info(one)
     if info is not None and not info.api_key_from_env and one.raw.get("api_key"):
         return [
             "%s.api_key: %s takes its key only on the command line, where every local user can read it "
@@ -839,7 +845,7 @@ def _ray(one: Instance) -> List[str]:
     raw = one.raw
     backend = raw.get("distributed_executor_backend", "mp")
     where = one.where
-    info = ENGINE_INFO.get(one.engine)
+    info = _engine_info(one)
     if "distributed_executor_backend" in raw and info is not None and not info.executor_backends:
         return [
             "%s.distributed_executor_backend=%r: %s has no such setting (its own multi-node runtime carries the "

@@ -432,3 +432,14 @@ def test_the_deployed_record_is_what_runs():
     args = inst["engine_args"]
     assert record["max_model_len"] == int(args[args.index("--max-model-len") + 1])
     assert record["options"]["gpu_memory_utilization"] == float(args[args.index("--gpu-memory-utilization") + 1])
+
+
+def test_an_engine_that_is_not_a_name_is_named_not_a_crash():
+    """engine: [vllm] (a list where a name belongs) reaches validation when the engine_plan filter
+    is called without the role's argument spec: it is named, not a TypeError."""
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_validate import validate
+
+    inst = {"name": "x", "engine": ["vllm"], "model": "/srv/models/m", "port": 8001, "gpus": [0], "api_key": "k" * 32,
+            "distributed_executor_backend": "mp"}  # fmt: skip
+    errors = validate([inst], gpu={"count": 1, "devices": [{"index": 0, "memory_total_mib": 24564}]})
+    assert "gpufleet_engines[0] (x).engine=['vllm'] must be one of vllm, sglang." in errors
