@@ -49,7 +49,6 @@ def _cpu_room(inst, memory_plan, host, out):
 
 
 def _gpu_room(inst, instances, gpu, out):
-    inst = normalized(inst)
     devices = {d.get("index"): d for d in gpu.get("devices") or []}
     mine = list(inst.get("gpus") or [])
     given = {g for other in instances if isinstance(other, dict) for g in other.get("gpus") or []}

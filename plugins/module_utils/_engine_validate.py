@@ -122,6 +122,7 @@ class Instance:
     @classmethod
     def of(cls, i: int, inst: dict, where: Optional[str] = None) -> "Instance":
         options = options_of(inst)
+        record = normalized(inst)
         gpus = inst.get("gpus", [])
         if not isinstance(gpus, list) or not all(is_type(g, int) for g in gpus):
             gpus = []
@@ -133,8 +134,8 @@ class Instance:
             index=i,
             where=where or label(i, inst),
             raw=inst,
-            engine=normalized(inst)["engine"],
-            accelerator=normalized(inst)["accelerator"],
+            engine=record["engine"],
+            accelerator=record["accelerator"],
             options=options,
             gpus=gpus,
             tp=options.get("tensor_parallel_size") or default_tensor_parallel_size(inst, gpus, pp, count),
