@@ -10,8 +10,8 @@ from __future__ import annotations
 from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import plan_proxy
 
 
-def proxy_plan(params, engines=None):
-    return plan_proxy(params, engines)
+def proxy_plan(params, engines=None, published=None):
+    return plan_proxy(params, engines, published)
 
 
 class FilterModule:

@@ -10,8 +10,9 @@ edge_plan and edge_backends filters. Every error names the variable, the value a
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import published
 
 DURATION_UNITS = ("ms", "s", "m", "h", "d")
 # vllm-router's load balancing policies that route a request to one replica on its own (its PD
@@ -21,46 +22,33 @@ ROUTER_POLICIES = ("cache_aware", "consistent_hash", "round_robin", "power_of_tw
 PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def _proxy_defaults() -> dict:
-    """The proxy role's defaults (roles/proxy/defaults/main.yml), the one place they are
-    written: a backend host that does not set proxy_listen_port, proxy_tls ... has these."""
-    import yaml  # controller side only (filters); ansible-core depends on PyYAML
-
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "proxy", "defaults", "main.yml")
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
-
-
 def backends(names, hostvars) -> list:
     """Each backend host as the edge reaches it: {name, address, tls, port, self_signed,
-    certificate, instances: [{name, model}]} from its inventory variables (edge_address, else ansible_host, else its
-    name) and the facts its proxy role published (gpufleet_proxy_tls)."""
-    defaults = _proxy_defaults()
+    certificate, instances: [{name, model}]} from what its roles published (_published: its
+    proxy's port and TLS, the instances that proxy fronts, their served names), its address
+    (edge_address, else ansible_host, else its name) and the certificate its proxy role
+    published (gpufleet_proxy_tls)."""
     out = []
     for name in names or []:
         hv = hostvars.get(name, {})
-
-        def get(key, hv=hv):
-            value = hv.get(key) if hasattr(hv, "get") else None
-            return defaults.get(key) if value is None else value
-
-        tls = bool(get("proxy_tls"))
-        engines = [e for e in (hv.get("gpufleet_engines") if hasattr(hv, "get") else None) or [] if isinstance(e, dict)]
-        fronted = get("proxy_instances") or [e.get("name") for e in engines]
-        published = (hv.get("gpufleet_proxy_tls") if hasattr(hv, "get") else None) or {}
+        if not hasattr(hv, "get"):
+            hv = {}
+        proxy = published("proxy", hv)
+        fronted = proxy["instances"]
+        certificate = (hv.get("gpufleet_proxy_tls") or {}).get("certificate") or ""
         out.append(
             {
                 "name": name,
                 "address": str(hv.get("edge_address") or hv.get("ansible_host") or name),
-                "tls": tls,
-                "port": get("proxy_tls_port") if tls else get("proxy_listen_port"),
-                "self_signed": bool(get("proxy_tls_self_signed")),
-                "certificate": published.get("certificate") or "",
+                "tls": proxy["tls"],
+                "port": proxy["port"],
+                "self_signed": proxy["self_signed"],
+                "certificate": certificate,
                 # the instances its proxy fronts (names and served model names only: never a key)
                 "instances": [
-                    {"name": str(e.get("name")), "model": str(e.get("served_model_name") or e.get("name"))}
-                    for e in engines
-                    if e.get("name") in fronted
+                    {"name": e["name"], "model": e["served_model_name"]}
+                    for e in published("engine", hv)["instances"]
+                    if e["name"] in fronted
                 ],
             }
         )

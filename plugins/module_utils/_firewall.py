@@ -15,17 +15,9 @@ package opens. Read by the firewall role (its preflight and its nftables table).
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 
-
-def _role_defaults(role):
-    """A role's defaults/main.yml, the one place its defaults are written."""
-    import yaml  # controller side only (filters); ansible-core depends on PyYAML
-
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "roles", role, "defaults", "main.yml")
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import published
 
 
 def _port(value):
@@ -48,18 +40,16 @@ def _sources(values, var, errors):
 
 def plan_firewall(params, host_vars, roles):
     """params: the firewall_* settings without the prefix (ssh_port, ssh_sources, allow_tcp,
-    monitoring_sources, proxy_sources); host_vars: the host's variables (proxy_*, edge_*,
-    gpufleet_engines); roles: which of gpu_host, edge the host is.
+    monitoring_sources, proxy_sources); host_vars: the host's variables (the records its proxy,
+    edge and exporters roles published, else their proxy_*, edge_* and exporters_* settings;
+    gpufleet_engines, engine_peers); roles: which of gpu_host, edge, exporters the host runs.
 
     Returns {errors, rules: [{port, sources (empty: anyone), v4, v6 (the sources by family),
     why}], ports: [int]}."""
     errors, rules = [], []
-    # the host's own proxy_* and edge_* settings; None (not set) leaves the role's default
-    given = {k: v for k, v in (host_vars or {}).items() if v is not None}
-    proxy = dict(_role_defaults("proxy"))
-    proxy.update({k: v for k, v in given.items() if str(k).startswith("proxy_")})
-    edge = dict(_role_defaults("edge"))
-    edge.update({k: v for k, v in given.items() if str(k).startswith("edge_")})
+    # what this host's proxy, edge and exporters published (_published)
+    proxy = published("proxy", host_vars or {})
+    edge = published("edge", host_vars or {})
 
     # the monitoring hosts' addresses, read (and a bad one named) once, where a rule needs them
     monitoring = []
@@ -80,12 +70,12 @@ def plan_firewall(params, host_vars, roles):
                       "why": "SSH"})  # fmt: skip
 
     if "gpu_host" in roles and (host_vars or {}).get("gpufleet_engines"):
-        public = proxy.get("proxy_tls_port") if proxy.get("proxy_tls") else proxy.get("proxy_listen_port")
+        public = proxy["port"]
         if _port(public) is not None:
             rules.append({"port": public, "sources": _sources(params.get("proxy_sources"), "firewall_proxy_sources",
                                                               errors),
-                          "why": "the proxy (%s)" % ("TLS" if proxy.get("proxy_tls") else "plain HTTP")})  # fmt: skip
-        monitor = str(proxy.get("proxy_monitor_listen") or "")
+                          "why": "the proxy (%s)" % ("TLS" if proxy["tls"] else "plain HTTP")})  # fmt: skip
+        monitor = proxy["monitor_listen"]
         address, _colon, port = monitor.rpartition(":")
         address = address.strip("[]")
         try:
@@ -99,28 +89,27 @@ def plan_firewall(params, host_vars, roles):
     if "exporters" in roles and ("gpu_host" in roles or "edge" in roles):
         # node exporter everywhere, the nginx exporter where nginx runs, DCGM's on gpu hosts:
         # to the monitoring hosts only (none open without them)
-        exporters = dict(_role_defaults("exporters"))
-        exporters.update({k: v for k, v in given.items() if str(k).startswith("exporters_")})
+        exporters = published("exporters", host_vars or {})
         sources = monitoring_sources()
         nginx = "edge" in roles or bool((host_vars or {}).get("gpufleet_engines"))
-        wanted = [("exporters_node_port", "node exporter", True), ("exporters_nginx_port", "nginx exporter", nginx),
-                  ("exporters_dcgm_port", "DCGM exporter", "gpu_host" in roles)]  # fmt: skip
-        for var, why, on in wanted:
+        wanted = [("node_port", "node exporter", True), ("nginx_port", "nginx exporter", nginx),
+                  ("dcgm_port", "DCGM exporter", "gpu_host" in roles)]  # fmt: skip
+        for key, why, on in wanted:
             if not on or not sources:
                 continue
-            if _port(exporters.get(var)) is None:
-                errors.append("%s=%r must be a port number." % (var, exporters.get(var)))
+            if _port(exporters.get(key)) is None:
+                errors.append("exporters_%s=%r must be a port number." % (key, exporters.get(key)))
                 continue
-            rules.append({"port": exporters[var], "sources": sources, "why": why})
+            rules.append({"port": exporters[key], "sources": sources, "why": why})
     if "edge" in roles:
-        public = edge.get("edge_tls_port") if edge.get("edge_tls") else edge.get("edge_listen_port")
+        public = edge["port"]
         if _port(public) is not None:
             rules.append({"port": public, "sources": [], "why": "the edge (%s)" % (
-                "TLS" if edge.get("edge_tls") else "plain HTTP")})  # fmt: skip
+                "TLS" if edge["tls"] else "plain HTTP")})  # fmt: skip
         # the router's metrics (every interface when there are monitoring hosts): to them only
         sources = monitoring_sources()
-        if edge.get("edge_router_policy") and sources and _port(edge.get("edge_router_metrics_port")) is not None:
-            rules.append({"port": edge["edge_router_metrics_port"], "sources": sources, "why": "router metrics"})
+        if edge["router_policy"] and sources and _port(edge["router_metrics_port"]) is not None:
+            rules.append({"port": edge["router_metrics_port"], "sources": sources, "why": "router metrics"})
     # a multi-node engine instance's nodes: NCCL, Gloo and torch.distributed pick their own ports
     # (and vLLM's message queues), so a node opens every TCP port, to the group's other nodes only
     peers = (host_vars or {}).get("engine_peers") or []

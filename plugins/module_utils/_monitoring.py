@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import ipaddress
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._firewall import _role_defaults
-
 JOBS = ("gpufleet_engine", "node", "nginx", "dcgm", "router")
 
 
@@ -34,26 +32,21 @@ def _is_loopback(address):
 
 
 def plan_monitoring(fleet):
-    """fleet: [{name, address, gpu_host, edge, engines: [{name, served_model_name}],
-    proxy_monitor_listen, exporters_node_port, exporters_nginx_port, exporters_dcgm_port,
-    dcgm, edge_router_policy, edge_router_metrics_port}] (None: the role's default).
+    """fleet: [{name, address, gpu_host, edge, engine, proxy, exporters, edge_published}]: each
+    host's records from its roles (module_utils/_published.py, the published filter).
 
     Returns {errors, jobs: {job: [{targets: [ADDR:PORT], labels: {...}}]}}."""
-    proxy = _role_defaults("proxy")
-    exporters = _role_defaults("exporters")
-    edge = _role_defaults("edge")
     errors, jobs = [], {job: [] for job in JOBS}
-
-    def setting(host, key, defaults):
-        value = host.get(key)
-        return defaults.get(key) if value is None else value
 
     for host in fleet:
         name, address = host["name"], host["address"]
         target = "[%s]" % address if ":" in address else address
-        engines = host.get("engines") or []
+        engines = (host.get("engine") or {}).get("instances") or []
+        proxy = host.get("proxy") or {}
+        exporters = host.get("exporters") or {}
+        edge = host.get("edge_published") or {}
         if host.get("gpu_host") and engines:
-            listen = setting(host, "proxy_monitor_listen", proxy)
+            listen = proxy.get("monitor_listen")
             bind, port = _listen_port(listen)
             if port is None:
                 errors.append("%s: proxy_monitor_listen=%r must be ADDRESS:PORT." % (name, listen))
@@ -71,15 +64,14 @@ def plan_monitoring(fleet):
                                    "model": str(inst.get("served_model_name") or inst["name"]),
                                    "__metrics_path__": "/metrics/%s" % inst["name"]},
                     })  # fmt: skip
-        wanted = [("node", "exporters_node_port", True),
-                  ("nginx", "exporters_nginx_port", host.get("edge") or (host.get("gpu_host") and bool(engines))),
-                  ("dcgm", "exporters_dcgm_port", host.get("gpu_host") and host.get("dcgm")),
-                  ("router", "edge_router_metrics_port",
-                   host.get("edge") and host.get("edge_router_policy"))]  # fmt: skip
-        for job, key, on in wanted:
+        wanted = [("node", exporters.get("node_port"), True),
+                  ("nginx", exporters.get("nginx_port"), host.get("edge") or (host.get("gpu_host") and bool(engines))),
+                  ("dcgm", exporters.get("dcgm_port"), host.get("gpu_host") and exporters.get("dcgm")),
+                  ("router", edge.get("router_metrics_port"),
+                   host.get("edge") and edge.get("router_policy"))]  # fmt: skip
+        for job, port, on in wanted:
             if not on:
                 continue
-            port = setting(host, key, edge if job == "router" else exporters)
             labels = {"host": name}
             if job == "nginx":
                 labels["role"] = "edge" if host.get("edge") else "proxy"

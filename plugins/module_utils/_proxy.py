@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import local_address, upstream_address
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge_port
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import local_address
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import FORMAT, publish
 
 KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -32,8 +32,11 @@ DURATION = re.compile(r"^\d+(ms|s|m|h)?$")
 TRUSTED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]*(/\d{1,3})?$")
 
 
-def plan_proxy(params, engines):
-    """params: the proxy_* variables (without the prefix); engines: gpufleet_engines.
+def plan_proxy(params, engines, published=None):
+    """params: the proxy_* variables (without the prefix); engines: gpufleet_engines, read for
+    the engine key only (keys are never published); published: the engine role's record
+    (gpufleet_engine_published: names, served names, ports, upstream addresses), else made
+    from engines.
 
     Returns {errors, upstream: [host:port], backup: [host:port] (the surge copies),
     engine_key: str|None, model: served name, instances: [names], monitor: [{name, port}],
@@ -42,8 +45,12 @@ def plan_proxy(params, engines):
     """
     errors = []
     engines = [e for e in engines or [] if isinstance(e, dict)]
-    by_name = {e.get("name"): e for e in engines}
-    wanted = params.get("instances") or [e.get("name") for e in engines]
+    if not (isinstance(published, dict) and published.get("format") == FORMAT):
+        published = publish("engine", {}, engines=engines)
+    records = published["instances"]
+    key_of = {str(e.get("name")): e.get("api_key") for e in engines}
+    by_name = {r["name"]: r for r in records}
+    wanted = params.get("instances") or [r["name"] for r in records]
     chosen = []
     for name in wanted:
         if name not in by_name:
@@ -55,28 +62,28 @@ def plan_proxy(params, engines):
             chosen.append(by_name[name])
     if not chosen and not errors:
         errors.append("proxy: no engine instance to front; define gpufleet_engines or proxy_instances.")
-    models = sorted({e.get("served_model_name") or e.get("name") for e in chosen})
+    models = sorted({r["served_model_name"] for r in chosen})
     if len(models) > 1:
         errors.append(
             "proxy_instances: the instances serve different models (%s); one site balances replicas of one "
             "model. List the replicas of one model in proxy_instances." % ", ".join(models)
         )
-    engine_keys = {e.get("api_key") or "" for e in chosen}
-    for e in chosen:
-        if e.get("api_key") and not KEY_CHARS.fullmatch(str(e["api_key"])):
+    engine_keys = {key_of.get(r["name"]) or "" for r in chosen}
+    for r in chosen:
+        if key_of.get(r["name"]) and not KEY_CHARS.fullmatch(str(key_of[r["name"]])):
             errors.append(
                 "gpufleet_engines (%s).api_key has characters outside A-Z a-z 0-9 . _ ~ + / = - ; the proxy writes "
-                "it into an nginx header, so keep to those." % e.get("name")
+                "it into an nginx header, so keep to those." % r["name"]
             )
     if len(engine_keys) > 1:
         errors.append(
             "gpufleet_engines: the instances behind the proxy (%s) have different api_key values; the proxy "
-            "injects one engine key upstream, so give the replicas the same key." % ", ".join(e["name"] for e in chosen)
+            "injects one engine key upstream, so give the replicas the same key." % ", ".join(r["name"] for r in chosen)
         )
     # ports
-    taken = {e.get("port"): e.get("name") for e in engines}
-    for e in engines:
-        taken.setdefault(surge_port(e), "%s's surge copy" % e.get("name"))
+    taken = {r["port"]: r["name"] for r in records}
+    for r in records:
+        taken.setdefault(r["surge_port"], "%s's surge copy" % r["name"])
     listen_ports = [("proxy_listen_port", params.get("listen_port"))]
     if params.get("tls"):
         listen_ports.append(("proxy_tls_port", params.get("tls_port")))
@@ -180,20 +187,14 @@ def plan_proxy(params, engines):
         "public_ports": [params.get("tls_port")] if tls else [params.get("listen_port")],
         # where a check on the host itself reaches the plain listener
         "local_address": local_address("127.0.0.1" if tls else params.get("listen_address", "0.0.0.0")),
-        "upstream": [upstream_address(e) for e in chosen if "port" in e],
+        "upstream": [r["upstream"] for r in chosen if r["upstream"]],
         # the surge copies: used only while no instance answers (one of them restarting)
-        "backup": [upstream_address(e, surge_port(e)) for e in chosen if isinstance(surge_port(e), int)],
-        "engine_key": (chosen[0].get("api_key") or None) if chosen else None,
+        "backup": [r["surge_upstream"] for r in chosen if r["surge_upstream"]],
+        "engine_key": (key_of.get(chosen[0]["name"]) or None) if chosen else None,
         "model": models[0] if models else None,
-        "instances": [e["name"] for e in chosen],
-        "monitor": [{"name": e["name"], "port": e.get("port")} for e in chosen],
+        "instances": [r["name"] for r in chosen],
+        "monitor": [{"name": r["name"], "port": r["port"]} for r in chosen],
         "by_instance": [
-            {
-                "name": e["name"],
-                "server": upstream_address(e),
-                "backup": upstream_address(e, surge_port(e)) if isinstance(surge_port(e), int) else None,
-            }
-            for e in chosen
-            if "port" in e
+            {"name": r["name"], "server": r["upstream"], "backup": r["surge_upstream"]} for r in chosen if r["upstream"]
         ],
     }

@@ -7,20 +7,34 @@ import json
 
 from ansible_collections.gpufleet.serving.plugins.filter.monitoring_plan import gpu_drain_xids, monitoring_plan
 from ansible_collections.gpufleet.serving.plugins.module_utils._gpu_health import DRAIN_XIDS
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import FALLBACK, publish, published
 from ansible_collections.gpufleet.serving.plugins.module_utils._status import host_status
 from gpufleet.runner import status_rows
 
 
-def gpu(name, address, engines=({"name": "tiny", "served_model_name": "tiny-llama"},), **more):
-    return dict({"name": name, "address": address, "gpu_host": True, "edge": False, "engines": list(engines),
-                 "dcgm": True, "proxy_monitor_listen": "0.0.0.0:9091"}, **more)  # fmt: skip
+def entry(name, address, hv, gpu_host=True, edge=False):
+    """One host as the monitoring preflight gathers it: what its roles published (here the
+    inventory fallback: the host's variables with the roles' defaults)."""
+    return {"name": name, "address": address, "gpu_host": gpu_host, "edge": edge,
+            "engine": published("engine", hv), "proxy": published("proxy", hv),
+            "exporters": published("exporters", hv), "edge_published": published("edge", hv)}  # fmt: skip
+
+
+def gpu(name, address, engines=({"name": "tiny", "served_model_name": "tiny-llama"},), dcgm=True, **more):
+    hv = dict({"gpufleet_engines": [dict(e, model="/m", port=8001) for e in engines],
+               "exporters_dcgm_enabled": dcgm, "proxy_monitor_listen": "0.0.0.0:9091"}, **more)  # fmt: skip
+    return entry(name, address, hv)
+
+
+def edge(name, address, **more):
+    return entry(name, address, dict(more), gpu_host=False, edge=True)
 
 
 def test_every_instance_and_exporter_is_a_target_with_its_labels():
     fleet = [
         gpu("g1", "10.0.0.5", engines=[{"name": "a", "served_model_name": "m"}, {"name": "b"}]),
         gpu("g2", "fd00::7", dcgm=False, exporters_node_port=9200),
-        {"name": "edge1", "address": "10.0.0.9", "gpu_host": False, "edge": True, "engines": []},
+        edge("edge1", "10.0.0.9"),
     ]
     plan = monitoring_plan(fleet)
     assert plan["errors"] == []
@@ -41,13 +55,21 @@ def test_every_instance_and_exporter_is_a_target_with_its_labels():
     assert plan["jobs"]["router"] == []
 
 
+def test_the_dcgm_decision_is_the_exporters_role_s_own():
+    # auto: the host's GPUs decide (its gpu_facts, cached); what the role published wins
+    auto = {"gpufleet_engines": [], "ansible_facts": {"gpufleet_gpu": {"count": 2}}}
+    assert published("exporters", auto)["dcgm"] is True
+    assert published("exporters", dict(auto, ansible_facts={"gpufleet_gpu": {"count": 0}}))["dcgm"] is False
+    assert published("exporters", dict(auto, exporters_dcgm_enabled="false"))["dcgm"] is False
+    said = publish("exporters", dict(FALLBACK["exporters"], exporters_dcgm_port=9500), gpu_count=1)
+    fleet = [entry("g1", "10.0.0.5", dict(auto, gpufleet_exporters_published=said, exporters_dcgm_port=1))]
+    assert [t["targets"] for t in monitoring_plan(fleet)["jobs"]["dcgm"]] == [["10.0.0.5:9500"]]
+
+
 def test_an_edge_with_a_router_is_scraped_at_its_metrics_port():
-    edges = [{"name": "e1", "address": "10.0.0.9", "gpu_host": False, "edge": True, "engines": [],
-              "edge_router_policy": "cache_aware"},
-             {"name": "e2", "address": "10.0.0.10", "gpu_host": False, "edge": True, "engines": [],
-              "edge_router_policy": "consistent_hash", "edge_router_metrics_port": 9300},
-             {"name": "e3", "address": "10.0.0.11", "gpu_host": False, "edge": True, "engines": [],
-              "edge_router_policy": ""}]  # fmt: skip
+    edges = [edge("e1", "10.0.0.9", edge_router_policy="cache_aware"),
+             edge("e2", "10.0.0.10", edge_router_policy="consistent_hash", edge_router_metrics_port=9300),
+             edge("e3", "10.0.0.11", edge_router_policy="")]  # fmt: skip
     plan = monitoring_plan(edges)
     assert [(t["targets"], t["labels"]) for t in plan["jobs"]["router"]] == [
         (["10.0.0.9:9097"], {"host": "e1"}), (["10.0.0.10:9300"], {"host": "e2"})]  # fmt: skip

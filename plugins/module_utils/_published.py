@@ -1,0 +1,145 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What each role publishes for the others (private to gpufleet.serving).
+
+Roles meet through these records, never through each other's files. A role's preflight sets
+one cacheable fact from its own settings as they resolve on the host (inventory, extra vars,
+its defaults):
+
+| fact                          | set by (preflight) | read by                          |
+|-------------------------------|--------------------|----------------------------------|
+| gpufleet_engine_published     | engine             | proxy, edge, monitoring          |
+| gpufleet_proxy_published      | proxy              | edge, firewall, monitoring       |
+| gpufleet_edge_published       | edge               | firewall, monitoring             |
+| gpufleet_exporters_published  | exporters          | firewall, monitoring             |
+
+A consumer reads a host's fact; a host whose preflight did not run in this play and is not in
+the fact cache (a first run with --limit) is read from its inventory with FALLBACK, the
+producing role's own defaults (tests/unit/test_published.py checks each against the role's
+defaults/main.yml). No record holds a secret: facts are cached on disk.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import normalized
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import upstream_address
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge_port
+
+FACTS = {
+    "engine": "gpufleet_engine_published",
+    "proxy": "gpufleet_proxy_published",
+    "edge": "gpufleet_edge_published",
+    "exporters": "gpufleet_exporters_published",
+}
+# the settings each record is made from, with the producing role's defaults
+FALLBACK = {
+    "proxy": {
+        "proxy_listen_port": 8080,
+        "proxy_tls": False,
+        "proxy_tls_port": 8443,
+        "proxy_tls_self_signed": False,
+        "proxy_monitor_listen": "127.0.0.1:9091",
+        "proxy_instances": [],
+    },
+    "edge": {
+        "edge_listen_port": 8080,
+        "edge_tls": False,
+        "edge_tls_port": 8443,
+        "edge_router_policy": "",
+        "edge_router_metrics_port": 9097,
+    },
+    "exporters": {
+        "exporters_node_port": 9100,
+        "exporters_nginx_port": 9113,
+        "exporters_dcgm_port": 9400,
+        "exporters_dcgm_enabled": "auto",
+    },
+}
+FORMAT = 1
+
+
+def _get(hv, key):
+    return hv.get(key) if hasattr(hv, "get") else None
+
+
+def _truth(value):
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "yes", "on", "1")
+
+
+def publish(role, settings, engines=None, gpu_count=0) -> dict:
+    """The record `role` publishes from its settings (the variables FALLBACK names, as they
+    resolve on the host). engine: `engines` is the host's gpufleet_engines (or its plan's
+    instances); exporters: `gpu_count` decides DCGM's auto."""
+    settings = settings or {}
+    if role == "engine":
+        out = []
+        for inst in engines or []:
+            if not isinstance(inst, dict) or not inst.get("name"):
+                continue
+            inst = normalized(inst)
+            port = inst.get("port")
+            surge = surge_port(inst)
+            ok = isinstance(port, int) and not isinstance(port, bool)
+            out.append(
+                {
+                    "name": str(inst["name"]),
+                    "engine": str(inst["engine"]),
+                    "served_model_name": str(inst.get("served_model_name") or inst["name"]),
+                    "port": port,
+                    "surge_port": surge,
+                    # host:port where the host's proxy reaches it, and its surge copy
+                    "upstream": upstream_address(inst) if ok else None,
+                    "surge_upstream": upstream_address(inst, surge)
+                    if ok and isinstance(surge, int) and not isinstance(surge, bool)
+                    else None,
+                }
+            )
+        return {"format": FORMAT, "instances": out}
+    if role == "proxy":
+        tls = _truth(settings.get("proxy_tls"))
+        return {
+            "format": FORMAT,
+            "tls": tls,
+            "port": settings.get("proxy_tls_port") if tls else settings.get("proxy_listen_port"),
+            "listen_port": settings.get("proxy_listen_port"),
+            "self_signed": tls and _truth(settings.get("proxy_tls_self_signed")),
+            "monitor_listen": str(settings.get("proxy_monitor_listen") or ""),
+            # the instances it fronts: proxy_instances, else every instance of the host
+            "instances": [str(n) for n in settings.get("proxy_instances") or []]
+            or [str(e.get("name")) for e in engines or [] if isinstance(e, dict) and e.get("name")],
+        }
+    if role == "edge":
+        tls = _truth(settings.get("edge_tls"))
+        return {
+            "format": FORMAT,
+            "tls": tls,
+            "port": settings.get("edge_tls_port") if tls else settings.get("edge_listen_port"),
+            "router_policy": str(settings.get("edge_router_policy") or ""),
+            "router_metrics_port": settings.get("edge_router_metrics_port"),
+        }
+    if role == "exporters":
+        asked = str(settings.get("exporters_dcgm_enabled")).strip().lower()
+        return {
+            "format": FORMAT,
+            "node_port": settings.get("exporters_node_port"),
+            "nginx_port": settings.get("exporters_nginx_port"),
+            "dcgm_port": settings.get("exporters_dcgm_port"),
+            "dcgm": asked == "true" or (asked == "auto" and int(gpu_count or 0) > 0),
+        }
+    raise ValueError("no published record for role %r" % (role,))
+
+
+def published(role, hv) -> dict:
+    """A host's record from `role`: the fact its preflight published when present, else its
+    inventory variables with the role's defaults (FALLBACK). hv: the host's variables
+    (hostvars[host])."""
+    fact = _get(hv, FACTS[role])
+    if isinstance(fact, dict) and fact.get("format") == FORMAT:
+        return fact
+    if role == "engine":
+        return publish("engine", {}, engines=_get(hv, "gpufleet_engines") or [])
+    settings = dict(FALLBACK[role])
+    settings.update({k: _get(hv, k) for k in FALLBACK[role] if _get(hv, k) is not None})
+    gpu = ((_get(hv, "ansible_facts") or {}).get("gpufleet_gpu") or {}) if role == "exporters" else {}
+    return publish(role, settings, engines=_get(hv, "gpufleet_engines") or [], gpu_count=gpu.get("count") or 0)
