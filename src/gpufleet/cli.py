@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from gpufleet import __version__
 from gpufleet._collection import CollectionNotFoundError, ensure_importable
@@ -131,22 +132,54 @@ def _read_model_config(path: str) -> dict:
     return load_model_config(text)
 
 
-def _plan_input_errors(args: argparse.Namespace) -> list[str]:
-    """Every bad number given to `gpufleet plan`, named by its flag, before any arithmetic."""
+# The schema of `gpufleet plan --json`: the plan's keys, or {"errors": [records]}; raised when
+# a key changes meaning or goes away.
+PLAN_SCHEMA = 1
+
+
+class PlanInputError(ValueError):
+    """A bad input to `gpufleet plan`, as one record: the flag, its value, what is wrong, the fix."""
+
+    def __init__(self, variable: str, value: Any, message: str, fix: str = ""):
+        self.record = {"variable": variable, "value": value, "message": message, "fix": fix}
+        super().__init__(problem_text(self.record))
+
+
+def problem_text(record: dict) -> str:
+    """A record as one sentence: FLAG=VALUE MESSAGE; FIX."""
+    message = str(record.get("message") or "")
+    variable = record.get("variable")
+    # a message that names its flag itself (the model reader's) is not prefixed again
+    if not variable or message.startswith(variable):
+        text = message
+    elif record.get("value") is None:  # not given at all
+        text = "%s %s" % (variable, message)
+    else:
+        text = "%s=%s %s" % (variable, record["value"], message)
+    return "%s (%s)" % (text, record["fix"]) if record.get("fix") else text
+
+
+def _plan_input_errors(args: argparse.Namespace) -> list[dict]:
+    """Every bad number given to `gpufleet plan`, named by its flag, before any arithmetic: one
+    record per problem ({variable, value, message, fix})."""
     from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import OPTIONS
 
     errors = []
+
+    def bad(flag, value, message, fix=""):
+        errors.append({"variable": flag, "value": value, "message": message, "fix": fix})
+
     if args.gpus < 1 or args.gpus > 1024:
-        errors.append("--gpus=%d must be from 1 to 1024 (the GPUs the instance may use on each node)" % args.gpus)
+        bad("--gpus", args.gpus, "must be from 1 to 1024", "the GPUs the instance may use on each node")
     if args.nodes < 1 or args.nodes > 1024:
-        errors.append("--nodes=%d must be from 1 to 1024 (the hosts the instance spans)" % args.nodes)
+        bad("--nodes", args.nodes, "must be from 1 to 1024", "the hosts the instance spans")
     if args.gpu_memory_gib is not None and not (math.isfinite(args.gpu_memory_gib) and 1 < args.gpu_memory_gib <= 4096):
-        errors.append("--gpu-memory-gib=%s must be one GPU's memory in GiB, e.g. 24 or 80" % args.gpu_memory_gib)
+        bad("--gpu-memory-gib", args.gpu_memory_gib, "must be one GPU's memory in GiB", "e.g. 24 or 80")
     if args.concurrency is not None and args.concurrency < 1:
-        errors.append("--concurrency=%d must be at least 1 (full-length requests at once)" % args.concurrency)
+        bad("--concurrency", args.concurrency, "must be at least 1", "full-length requests at once")
     space = args.kv_cache_space_gib
     if space is not None and not (math.isfinite(space) and 0 < space <= 65536):
-        errors.append("--kv-cache-space-gib=%s must be a size in GiB above 0, e.g. 4" % space)
+        bad("--kv-cache-space-gib", space, "must be a size in GiB above 0", "e.g. 4")
     for name in _plan_pin_options():
         value = getattr(args, name)
         option = OPTIONS[name]
@@ -154,10 +187,19 @@ def _plan_input_errors(args: argparse.Namespace) -> list[str]:
             continue
         flag = "--" + name.replace("_", "-")
         if isinstance(value, float) and not math.isfinite(value):
-            errors.append("%s=%s must be a finite number" % (flag, value))
+            bad(flag, value, "must be a finite number")
         elif option.bounds_text() and not option.in_bounds(value):
-            errors.append("%s=%s must be %s" % (flag, value, option.bounds_text()))
+            bad(flag, value, "must be %s" % option.bounds_text())
     return errors
+
+
+def _plan_failed(args: argparse.Namespace, records: list[dict]) -> int:
+    """Bad input: each record as a sentence on stderr, and with --json one object on stdout."""
+    for record in records:
+        print("gpufleet plan: %s" % problem_text(record), file=sys.stderr)
+    if args.json:
+        print(json.dumps({"schema": PLAN_SCHEMA, "errors": records}, indent=2, sort_keys=True))
+    return 1
 
 
 def print_plan(plan: dict) -> None:
@@ -176,16 +218,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     problems = _plan_input_errors(args)
     if problems:
-        for problem in problems:
-            print("gpufleet plan: %s" % problem, file=sys.stderr)
-        return 1
+        return _plan_failed(args, problems)
     try:
         config = _read_model_config(args.model)
         if args.gpu_memory_gib is None and args.accelerator != "cpu":
-            raise ValueError("--gpu-memory-gib is required (the memory of one GPU, as nvidia-smi lists it)")
-        if args.gpu_memory_gib is not None and args.gpu_memory_gib <= 1:
-            raise ValueError(
-                "--gpu-memory-gib=%s is too small; give one GPU's memory in GiB, e.g. 24" % args.gpu_memory_gib
+            raise PlanInputError(
+                "--gpu-memory-gib", None, "is required", "the memory of one GPU, as nvidia-smi lists it"
             )
         pins = {name: getattr(args, name) for name in _plan_pin_options()}
         pins["cross_node_tensor_parallel"] = args.cross_node_tensor_parallel
@@ -202,15 +240,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             kv_space_bytes=int((args.kv_cache_space_gib or 1) * GIB) if args.accelerator == "cpu" else None,
         )
+    except PlanInputError as exc:
+        return _plan_failed(args, [exc.record])
     except (ValueError, ModelConfigError) as exc:
-        print("gpufleet plan: %s" % exc, file=sys.stderr)
-        return 1
+        # the model's config.json (or a pin the planner refuses)
+        return _plan_failed(args, [{"variable": "--model", "value": args.model, "message": str(exc), "fix": ""}])
     except (ArithmeticError, RecursionError, KeyError, TypeError) as exc:
         # the config passed the checks above but the arithmetic still could not use it
-        print("gpufleet plan: cannot plan %s: %s: %s" % (args.model, type(exc).__name__, exc), file=sys.stderr)
-        return 1
+        return _plan_failed(
+            args,
+            [{"variable": "--model", "value": args.model,
+              "message": "cannot be planned: %s: %s" % (type(exc).__name__, exc), "fix": ""}],
+        )  # fmt: skip
     if args.json:
-        print(json.dumps(plan, indent=2, sort_keys=True))
+        print(json.dumps(dict(plan, schema=PLAN_SCHEMA), indent=2, sort_keys=True))
     else:
         print_plan(plan)
     return 0 if plan["fits"] else 2

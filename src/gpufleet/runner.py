@@ -7,13 +7,16 @@ Ansible's own output, which the events carry, with -v, or one JSON object with -
 ends a failed run with one sentence per failed host: what failed, why, what to do, and where
 the full log is.
 
-Failures are classified by what the roles mark, never by task names:
-- readiness: the failure message carries ``gpufleet-readiness[INSTANCE]:``, the marker that
-  roles/engine/tasks/readiness.yml puts on "the instance never became ready";
-- preflight: the message carries ``gpufleet-preflight:``, the marker playbooks/tasks/preflight.yml
-  puts on a host's collected problems (it replaces the single checks noted before it), or
-  Ansible's validation of a role's ``preflight`` argument-spec entry point failed (its result
-  names the entry point), or a task of the entry point itself failed (its task path is a
+Failures are classified by the records the playbooks hand over, never by task names or by
+reading a message back:
+- readiness: roles/engine/tasks/readiness.yml sets the fact ``gpufleet_readiness`` ({instance,
+  ready, message}) just before its check; a not-ready record followed by that host's failure
+  is "the instance never became ready";
+- preflight: playbooks/tasks/preflight.yml sets ``gpufleet_preflight_problems`` ([{role,
+  message}], every problem of the host) just before it stops the host (they replace the single
+  checks noted before them, and ``--json`` prints them as records), or Ansible's validation
+  of a role's ``preflight`` argument-spec entry point failed (its result names the entry
+  point), or a task of the entry point itself failed (its task path is a
   role's tasks/preflight.yml, or a preflight_*.yml it includes), while no host has changed
   yet in the run;
 - unreachable: ansible-runner's own event.
@@ -53,10 +56,12 @@ DEFAULT_SETTINGS = {
     "ANSIBLE_RETRY_FILES_ENABLED": "false",
     "ANSIBLE_CALLBACK_RESULT_FORMAT": "yaml",
 }
-# The marker roles/engine/tasks/readiness.yml starts its failure message with.
-READINESS_MARKER = re.compile(r"gpufleet-readiness\[([^\]\s]+)\]:\s*")
-# The marker playbooks/tasks/preflight.yml starts its failure with: every problem of the host.
-PREFLIGHT_MARKER = re.compile(r"^gpufleet-preflight:\s*")
+# The records the playbooks hand the CLI, as facts set just before the check that fails on them
+# (read from the set_fact's event, never from a message): roles/engine/tasks/readiness.yml's
+# {instance, ready, message}, and playbooks/tasks/preflight.yml's [{host, role, message}], every
+# problem of the host.
+READINESS_FACT = "gpufleet_readiness"
+PREFLIGHT_FACT = "gpufleet_preflight_problems"
 # A role's preflight: the argument-spec entry point, and its task files (the event's task path).
 PREFLIGHT_ENTRY_POINT = "preflight"
 PREFLIGHT_TASK_FILE = re.compile(r"/roles/[^/]+/tasks/preflight(?:\.ya?ml|[_/][^:]*):\d+$")
@@ -241,6 +246,8 @@ class Failure:
     instance: str = ""
     # the host a delegated task ran on (the edge, for a rollout's drain), when not `host`
     delegated_to: str = ""
+    # the preflight's problems as records ({host, role, message}), one per role that refused
+    problems: list[dict[str, Any]] = field(default_factory=list)
 
     def sentence(self) -> str:
         msg = self.message
@@ -310,6 +317,8 @@ class RunView:
     play: str = ""
     task: str = ""
     _task_path: str = ""
+    # per host, a record a playbook set for the result that follows it (READINESS_FACT, PREFLIGHT_FACT)
+    _pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     _drawn: int = 0
     _last_draw: float = 0.0
 
@@ -335,6 +344,14 @@ class RunView:
             state.task, state.status = data.get("task") or self.task, "running"
         elif kind == "runner_on_ok":
             state = self.host(data.get("host", "?"))
+            self._pending.pop(data.get("host", "?"), None)
+            facts = (data.get("res") or {}).get("ansible_facts") or {}
+            ready = facts.get(READINESS_FACT)
+            if isinstance(ready, dict) and str(ready.get("ready")).lower() != "true":
+                self._pending[data.get("host", "?")] = {"readiness": ready}
+            problems = facts.get(PREFLIGHT_FACT)
+            if isinstance(problems, list) and problems:
+                self._pending[data.get("host", "?")] = {"preflight": [p for p in problems if isinstance(p, dict)]}
             state.ok += 1
             if (data.get("res") or {}).get("changed"):
                 state.changed += 1
@@ -346,6 +363,7 @@ class RunView:
             if watched is not None:
                 self.monitoring = watched
         elif kind == "runner_on_skipped":
+            self._pending.pop(data.get("host", "?"), None)
             self.host(data.get("host", "?")).skipped += 1
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             self._failed(data, "failed")
@@ -371,7 +389,7 @@ class RunView:
         state = self.host(name)
         res = data.get("res") or {}
         task = data.get("task") or self.task
-        message, instance = _full_message(res), ""
+        message, instance, problems = _full_message(res), "", []
         delegated = str((res.get("_ansible_delegated_vars") or {}).get("ansible_delegated_host") or "")
         delegated = delegated if delegated and delegated != name else ""
         if how == "unreachable":
@@ -381,24 +399,27 @@ class RunView:
         else:
             state.failed += 1
             state.status = "failed"
-            marker = READINESS_MARKER.search(message)
-            collected = PREFLIGHT_MARKER.search(message)
-            if marker:
-                kind, instance = "readiness", marker.group(1)
-                message = message[: marker.start()] + message[marker.end() :]
-            elif collected and not any(h.changed for h in self.hosts.values()):
-                # every problem of the host in one message: it replaces the single checks noted before it
-                kind, message = "preflight", message[collected.end() :]
+            # the record the playbook set just before this check (a fact, not the message's words)
+            pending = self._pending.pop(name, {})
+            problems = pending.get("preflight") or []
+            ready = pending.get("readiness") or {}
+            nothing_changed = not any(h.changed for h in self.hosts.values())
+            if ready:
+                # the failure's own words: the check's are the record's, a rescue's add what it did
+                kind, instance = "readiness", str(ready.get("instance") or "")
+            elif problems and nothing_changed:
+                # every problem of the host in one record list: it replaces the single checks noted before it
+                kind = "preflight"
+                message = " ".join(" ".join(str(p.get("message") or "").split()) for p in problems)
                 self.failures = [f for f in self.failures if not (f.host == name and f.kind == "preflight")]
-            elif is_preflight(res, data.get("task_path") or self._task_path) and not any(
-                h.changed for h in self.hosts.values()
-            ):
+            elif is_preflight(res, data.get("task_path") or self._task_path) and nothing_changed:
                 kind = "preflight"
             else:
                 kind = "task"
         failure = Failure(
-            host=name, task=task, message=_short(message), kind=kind, instance=instance, delegated_to=delegated
-        )
+            host=name, task=task, message=_short(message), kind=kind, instance=instance, delegated_to=delegated,
+            problems=[dict(p, host=name) for p in problems] if kind == "preflight" else [],
+        )  # fmt: skip
         self.failures.append(failure)
         if not self.live and not self.quiet:
             print("  %s %s (%s)" % (kind.upper() if kind == "unreachable" else "FAILED", name, task), file=self.out)
@@ -436,7 +457,15 @@ class RunView:
                 for n, s in self.hosts.items()
             },
             "failures": [
-                {"host": f.host, "task": f.task, "kind": f.kind, "message": f.message, "sentence": f.sentence()}
+                {
+                    "host": f.host,
+                    "task": f.task,
+                    "kind": f.kind,
+                    "message": f.message,
+                    "sentence": f.sentence(),
+                    "instance": f.instance or None,
+                    "problems": f.problems,
+                }
                 for f in self.failures
             ],
         }

@@ -64,7 +64,10 @@ def _cli_plan(inst, config_path, gpu, capsys):
     rc = main(argv)
     out = capsys.readouterr().out
     assert rc in (0, 2), out
-    return json.loads(out)
+    got = json.loads(out)
+    # the JSON says its schema; the rest is the plan itself
+    assert got.pop("schema") == 1
+    return got
 
 
 def _lab_instances():
@@ -163,3 +166,27 @@ def test_the_readme_quickstart_shows_the_plan_the_role_deploys(capsys):
             "gpus": [0, 1]}  # fmt: skip
     role = plan_lines(_role_plan(inst, config, gpu))
     assert all(line in role for line in shown if not line.startswith("engine args")), role
+
+
+def test_bad_input_gives_json_records_on_stdout(tmp_path, capsys):
+    from gpufleet.cli import main
+
+    config = tmp_path / "config.json"
+    config.write_text('{"hidden_size": 64}')
+    rc = main(["plan", "--json", "--model", str(config), "--gpus", "0", "--nodes", "2000", "--gpu-memory-gib", "24"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    got = json.loads(captured.out)
+    assert got["schema"] == 1
+    assert [(e["variable"], e["value"]) for e in got["errors"]] == [("--gpus", 0), ("--nodes", 2000)]
+    assert all(e["message"] and "fix" in e for e in got["errors"])
+    # the same problems in words on stderr
+    assert "gpufleet plan: --gpus=0 must be from 1 to 1024 (the GPUs the instance may use on each node)" in captured.err
+    # a model the planner cannot read is a record too, naming --model
+    rc = main(["plan", "--json", "--model", str(tmp_path / "missing"), "--gpu-memory-gib", "24"])
+    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    assert rc == 1 and error["variable"] == "--model" and error["value"] == str(tmp_path / "missing")
+    # without --gpu-memory-gib on a GPU
+    rc = main(["plan", "--json", "--model", str(config)])
+    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    assert (rc, error["variable"], error["value"], error["message"]) == (1, "--gpu-memory-gib", None, "is required")

@@ -38,10 +38,19 @@ def _failed(host, task, msg, path="/x/roles/engine/tasks/main.yml:1", **res):
 
 
 NOT_READY = (
-    "gpufleet-readiness[chat]: /health at http://127.0.0.1:8001 did not answer 200 within 600 s "
+    "/health at http://127.0.0.1:8001 did not answer 200 within 600 s "
     "(last: Status code was -1 and not [200]: Request failed: <urlopen error [Errno 111] Connection refused>). "
     "See journalctl -u gpufleet-engine@chat."
 )
+
+
+def _record(host, fact, value):
+    """The event of a set_fact that hands the CLI a record (readiness.yml, preflight.yml)."""
+    return {"event": "runner_on_ok", "event_data": {"host": host, "res": {"ansible_facts": {fact: value}}}}
+
+
+def _not_ready(host, instance, message=NOT_READY):
+    return _record(host, "gpufleet_readiness", {"instance": instance, "ready": False, "message": message})
 
 
 def _stats(**per_host):
@@ -179,6 +188,7 @@ def test_failures_end_in_sentences_with_cause_fix_and_log(fake, tmp_path, capsys
             },
         },
         _play("Engines"),
+        _not_ready("gpu-c", "chat"),
         _failed("gpu-c", "Check the readiness of chat", NOT_READY, "/c/roles/engine/tasks/readiness.yml:39"),
         _stats(**{"gpu-a": (3, 0, 1), "gpu-c": (20, 3, 1)}),
     ]
@@ -189,7 +199,7 @@ def test_failures_end_in_sentences_with_cause_fix_and_log(fake, tmp_path, capsys
     assert "gpu-a failed the preflight (before any change in this run): gpufleet_engines[0].port=8001" in err
     assert "gpu-b is unreachable: ssh: timed out. Fix: check ansible_host" in err
     assert "gpu-c: engine instance chat never became ready (Check the readiness of chat): /health at " in err
-    assert "journalctl -u gpufleet-engine@chat" in err and "gpufleet-readiness[" not in err
+    assert "journalctl -u gpufleet-engine@chat" in err
     assert "Full log: " in err and err.rstrip().endswith("run-1/stdout")
 
 
@@ -200,33 +210,43 @@ def _kinds(events):
     return [(f.host, f.kind, f.instance) for f in view.failures]
 
 
-def test_readiness_is_the_marker_the_engine_role_sets_not_a_task_name():
-    surge = (
-        "The start-before-stop restart of chat failed at 'Check the readiness of chat': %s The surge copy is "
-        "stopped; the restart stays pending" % NOT_READY
-    )
+def test_readiness_is_the_record_the_engine_role_hands_over_not_a_task_name():
     assert _kinds(
         [
             _play("Engines"),
             _ok("gpu-a", True),
+            _not_ready("gpu-a", "chat"),
             _failed("gpu-a", "Check the readiness of chat", NOT_READY),
-            # the restart's rescue passes the message on: still the instance that never became ready
-            _failed("gpu-b", "Fail with what happened chat", surge, "/c/roles/engine/tasks/restart.yml:101"),
-            # a task named like the old readiness tasks, without the marker, is just a failed task
-            _failed("gpu-c", "Wait for /health of chat", "retries exhausted", "/c/roles/engine/tasks/readiness.yml:6"),
+            # a ready record is no failure; the failure after it is a failed task
+            _record("gpu-b", "gpufleet_readiness", {"instance": "chat", "ready": True, "message": ""}),
+            _failed("gpu-b", "Check the readiness of chat", "something else"),
+            # a record is read by the result that follows it only: a later failure is its own
+            _not_ready("gpu-c", "chat"),
+            _ok("gpu-c"),
+            _failed("gpu-c", "Fail with what happened chat", "The restart of chat failed", "/c/r/restart.yml:101"),
+            # the restart's rescue hands the record over again before its own failure
+            _not_ready("gpu-e", "chat"),
+            _failed("gpu-e", "Check the readiness of chat", NOT_READY),
+            _ok("gpu-e"),
+            _not_ready("gpu-e", "chat"),
+            _failed("gpu-e", "Fail with what happened chat", "The restart of chat failed at ...", "/c/r/restart.yml:1"),
+            # a task named like the readiness tasks, without the record, is just a failed task
+            _failed("gpu-d", "Wait for /health of chat", "retries exhausted", "/c/roles/engine/tasks/readiness.yml:6"),
         ]
-    ) == [("gpu-a", "readiness", "chat"), ("gpu-b", "readiness", "chat"), ("gpu-c", "task", "")]
+    ) == [("gpu-a", "readiness", "chat"), ("gpu-b", "task", ""), ("gpu-c", "task", ""),
+          ("gpu-e", "readiness", "chat"), ("gpu-e", "readiness", "chat"), ("gpu-d", "task", "")]  # fmt: skip
 
 
-def test_readiness_tasks_fail_only_in_the_check_that_carries_the_marker():
+def test_readiness_tasks_fail_only_in_the_check_after_the_record():
     tasks = yaml.safe_load((ROOT / "roles" / "engine" / "tasks" / "readiness.yml").read_text())
-    *probes, check = tasks
+    *probes, record, check = tasks
     assert probes and all(task["failed_when"] is False for task in probes)
     assert probes[0]["until"] and probes[0]["retries"]  # the wait still retries
-    message = " ".join(check["ansible.builtin.assert"]["fail_msg"].split())
-    rendered = message.replace("{{ __engine_instance.name }}", "chat")
-    marker = runner.READINESS_MARKER.match(rendered)
-    assert marker and marker.group(1) == "chat"
+    fact = record["ansible.builtin.set_fact"][runner.READINESS_FACT]
+    assert fact["instance"] == "{{ __engine_instance.name }}" and "did not answer 200" in fact["message"]
+    # the check says in words what the record says
+    assert check["ansible.builtin.assert"]["fail_msg"] == "{{ %s.message }}" % runner.READINESS_FACT
+    assert check["ansible.builtin.assert"]["that"] == "%s.ready | bool" % runner.READINESS_FACT
 
 
 def test_preflight_is_the_entry_point_not_the_play_name():
@@ -576,14 +596,22 @@ def test_a_hosts_collected_preflight_problems_are_one_sentence():
                 "/c/roles/engine/tasks/preflight.yml:1", validate_args_context={"argument_spec_name": "preflight"}),
         _failed("gpu-a", "Check the proxy settings", "proxy_rate_limit='20/s' must be like 20r/s",
                 "/c/roles/proxy/tasks/preflight.yml:14"),
+        _record("gpu-a", "gpufleet_preflight_problems", [
+            {"role": "engine", "message": "unknown key 'contxt_length'"},
+            {"role": "proxy", "message": "proxy_rate_limit='20/s' must be like 20r/s"}]),
         _failed("gpu-a", "Stop before any change when an input is wrong",
-                "gpufleet-preflight: unknown key 'contxt_length' proxy_rate_limit='20/s' must be like 20r/s",
+                "unknown key 'contxt_length' proxy_rate_limit='20/s' must be like 20r/s",
                 "/c/playbooks/tasks/preflight.yml:16"),
     ]  # fmt: skip
     view = runner.RunView(out=io.StringIO(), quiet=True)
     for event in events:
         view.handle(event)
     assert [(f.host, f.kind) for f in view.failures] == [("gpu-a", "preflight")]
+    # the records reach --json as they were handed over, with their host
+    assert view.failures[0].problems == [
+        {"host": "gpu-a", "role": "engine", "message": "unknown key 'contxt_length'"},
+        {"host": "gpu-a", "role": "proxy", "message": "proxy_rate_limit='20/s' must be like 20r/s"}]  # fmt: skip
+    assert view.summary()["failures"][0]["problems"] == view.failures[0].problems
     assert view.failures[0].sentence() == (
         "gpu-a failed the preflight (before any change in this run): unknown key 'contxt_length' "
         "proxy_rate_limit='20/s' must be like 20r/s"
