@@ -16,6 +16,8 @@ import time
 import urllib.request
 
 KEY = sys.argv[1]
+# the engine's series names, from the registry (the engine_series filter, passed by verify.yml)
+SERIES = json.loads(sys.argv[2])
 PROXY = ("127.0.0.1", 8080)
 ENGINE_METRICS = "http://127.0.0.1:9091/metrics/tiny"
 
@@ -115,21 +117,21 @@ out["stream_headers_accel"] = "x-accel-buffering: no" in headers.lower()
 
 # Disconnect: drop a long stream after a few events; the engine must stop generating.
 time.sleep(1)
-before_tokens = metric("vllm:generation_tokens_total")
+before_tokens = metric(SERIES["generation_tokens"])
 stream(3500, stop_after=5)
 drop = time.perf_counter()
 running = None
 while time.perf_counter() - drop < 10:
-    running = metric("vllm:num_requests_running")
+    running = metric(SERIES["running"])
     if running == 0:
         break
     time.sleep(0.2)
 out["running_after_drop"] = running
 out["seconds_to_stop"] = round(time.perf_counter() - drop, 2)
-tokens_at_stop = metric("vllm:generation_tokens_total")
+tokens_at_stop = metric(SERIES["generation_tokens"])
 time.sleep(2)
 out["tokens_generated_for_dropped_stream"] = tokens_at_stop - before_tokens
-out["tokens_after_stop"] = metric("vllm:generation_tokens_total") - tokens_at_stop
+out["tokens_after_stop"] = metric(SERIES["generation_tokens"]) - tokens_at_stop
 
 # Limits: a burst above the rate gets 429; more concurrent streams than allowed get 429.
 time.sleep(2)
