@@ -328,8 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="let a pinned --tensor-parallel-size span nodes (refused otherwise: every layer's all-reduce would "
         "cross the network)",
     )
-    plan.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
-    plan.add_argument("--accelerator", choices=("nvidia", "cpu"), default="nvidia")
+    # --engine and --accelerator: their choices are the registry's (_add_plan_pins)
     plan.add_argument(
         "--kv-cache-space-gib",
         type=float,
@@ -472,11 +471,16 @@ def _add_plan_pins(plan: argparse.ArgumentParser) -> None:
     except CollectionNotFoundError:
         return  # main() says so before any command runs
     from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+        ACCELERATORS,
         ENGINE_INFO,
         ENGINES,
+        INSTANCE_DEFAULTS,
         option_for,
     )
     from ansible_collections.gpufleet.serving.plugins.module_utils._memory_plan import PLANNER_CHOICES
+
+    plan.add_argument("--engine", choices=ENGINES, default=INSTANCE_DEFAULTS["engine"])
+    plan.add_argument("--accelerator", choices=ACCELERATORS, default=INSTANCE_DEFAULTS["accelerator"])
 
     for name, option in options.items():
         each = [(engine, option_for(name, engine)) for engine in ENGINES]
