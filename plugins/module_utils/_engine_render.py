@@ -349,6 +349,9 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "drain_timeout": drain,
         # systemd's TimeoutStopSec for the unit (a drop-in per instance): above docker's stop timeout
         "stop_timeout": drain + DRAIN_UNIT_MARGIN,
+        # the longest a restart takes (its surge copy's readiness, the drain, the instance's own
+        # readiness, a minute's margin): the watchdog leaves a restarting instance alone that long
+        "restart_window": 2 * inst["readiness_timeout"] + drain + DRAIN_UNIT_MARGIN + 60,
         # the GPUs whose faults the watchdog acts on (DCGM): its own unless watch_gpus says
         "watch_gpus": list(inst["watch_gpus"] if "watch_gpus" in inst else inst.get("gpus") or []),
         # the series the watchdog reads the engine's load and progress from (the registry's;

@@ -180,3 +180,25 @@ def test_the_engine_load_is_read_from_a_real_metrics_page(tmp_path):
         assert watchdog.engine_load(dict(cfg, base_url="http://127.0.0.1:9")) is None
     finally:
         server.shutdown()
+
+
+def test_a_restart_left_pending_stops_the_watch_only_for_its_window(tmp_path, monkeypatch):
+    """A restart in progress is no hang; a restart that failed and waits for the next run (its
+    mark older than the longest restart) no longer stops hang detection."""
+    watchdog = _watchdog_module()
+    monkeypatch.setattr(watchdog, "CONFIG_DIR", str(tmp_path))
+    cfg = {"restart_window": 1900}
+    assert watchdog.restarting("tiny", cfg) is False  # no mark
+    mark = tmp_path / "tiny" / "restart-pending"
+    mark.parent.mkdir()
+    mark.write_text("settings changed\n")
+    touched = mark.stat().st_mtime
+    assert watchdog.restarting("tiny", cfg, now=touched + 60) is True
+    assert watchdog.restarting("tiny", cfg, now=touched + 1899) is True
+    assert watchdog.restarting("tiny", cfg, now=touched + 1901) is False
+    # the engine role's window: both readiness waits, the drain and the unit's margin, a minute more
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import render
+
+    inst = {"name": "tiny", "engine": "vllm", "model": "/m", "port": 8001, "accelerator": "cpu",
+            "readiness_timeout": 600, "drain_timeout": 120}  # fmt: skip
+    assert render(inst)["restart_window"] == 2 * 600 + 120 + 30 + 60
