@@ -10,8 +10,8 @@ from __future__ import annotations
 from ansible_collections.gpufleet.serving.plugins.module_utils._edge import backends, plan_edge
 
 
-def edge_plan(params, hosts, batch=None):
-    return plan_edge(params, hosts, batch)
+def edge_plan(params, hosts, batch=None, held=None):
+    return plan_edge(params, hosts, batch, held)
 
 
 def edge_backends(names, hostvars):

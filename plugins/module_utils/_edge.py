@@ -55,13 +55,16 @@ def backends(names, hostvars) -> list:
     return out
 
 
-def plan_edge(params, hosts, batch=None) -> dict:
+def plan_edge(params, hosts, batch=None, held=None) -> dict:
     """params: the edge_* settings (without the prefix); hosts: backends() of edge_backend_group;
-    batch: the rollout's hosts to drain now (None outside a rollout).
+    batch: the rollout's hosts to drain now (None outside a rollout); held: the hosts a failed
+    rollout left out of this edge (its edge-rollout-held file), which stay out until a rollout
+    passes them, so that draining another host never brings a broken one back.
 
     Returns {errors, warnings, servers: [{name, address, port, down}], backend_tls,
-    drained, in_service, trust: [PEM], untrusted: [names of self-signed proxies whose
-    certificate is not known yet], listen_address (plain), public_port}.
+    drained, in_service, held (the rollout's hosts out of service now: what the edge keeps in
+    its file), trust: [PEM], untrusted: [names of self-signed proxies whose certificate is not
+    known yet], listen_address (plain), public_port}.
     """
     errors, warnings = [], []
     group = params.get("backend_group")
@@ -87,6 +90,15 @@ def plan_edge(params, hosts, batch=None) -> dict:
             % (drained, group)
         )
     down = [n for n in names if n in drained]
+    # left out by a failed rollout: out of service too, unless that would leave none in service
+    held = [n for n in names if n in (held or []) and n not in down]
+    if held and not [n for n in names if n not in down and n not in held]:
+        warnings.append(
+            "every backend still in service behind the edge was left out by a failed rollout (%s): they stay in "
+            "service rather than none; fix them and run the rollout again." % ", ".join(held)
+        )
+        held = []
+    down += held
     if batch is not None:
         batch = [b for b in batch if b in names]
         in_service = [n for n in names if n not in down]
@@ -156,6 +168,7 @@ def plan_edge(params, hosts, batch=None) -> dict:
         "backend_tls": backend_tls,
         "drained": [n for n in names if n in down],
         "in_service": [n for n in names if n not in down],
+        "held": [n for n in names if n in down and n not in drained],
         "trust": trust,
         "untrusted": untrusted,
         # With TLS on, plain HTTP stays on loopback (local checks); clients use TLS.

@@ -43,6 +43,27 @@ def test_the_rollout_batch_is_drained_beside_the_edges_own_drained_hosts():
     assert back["drained"] == ["c"]
 
 
+def test_a_host_a_failed_rollout_left_out_stays_out_until_a_rollout_passes_it():
+    # the issue's case: gpu2's rollout failed and left it drained; draining gpu1 must not bring it back
+    three = hosts("gpu1", "gpu2", "gpu3")
+    plan = plan_edge(EDGE, three, batch=["gpu1"], held=["gpu2"])
+    assert plan["errors"] == [] and plan["drained"] == ["gpu1", "gpu2"] and plan["in_service"] == ["gpu3"]
+    # what the edge keeps in its record: the batch drained now and the held host
+    assert plan["held"] == ["gpu1", "gpu2"]
+    # the guard counts the held host as out: a batch of the last one in service is refused
+    refused = plan_edge(EDGE, three, batch=["gpu1", "gpu3"], held=["gpu2"])
+    assert "would drain every backend still in service behind the edge (gpu1, gpu3)" in " ".join(refused["errors"])
+    # the batch put back (its hosts passed, so the drain leaves them out of held): gpu2 stays out
+    back = plan_edge(EDGE, three, batch=[], held=["gpu2"])
+    assert back["drained"] == ["gpu2"] and back["held"] == ["gpu2"]
+    # outside a rollout too (site.yml's edge run): still out, and the inventory's own drain is not the record's
+    site = plan_edge(dict(EDGE, drained=["gpu3"]), three, held=["gpu2", "gpu3", "gone"])
+    assert site["drained"] == ["gpu2", "gpu3"] and site["held"] == ["gpu2"]
+    # every host in service held: they stay in service rather than none, and the run says so
+    alone = plan_edge(EDGE, hosts("gpu1", "gpu2"), held=["gpu1", "gpu2"])
+    assert alone["drained"] == [] and alone["held"] == [] and "left out by a failed rollout" in alone["warnings"][0]
+
+
 def test_the_last_backend_in_service_is_never_drained():
     # a batch that takes every host in service out of several: refused before anything changes
     plan = plan_edge(EDGE, hosts("a", "b"), batch=["a", "b"])
