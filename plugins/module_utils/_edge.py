@@ -92,12 +92,13 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
     down = [n for n in names if n in drained]
     # left out by a failed rollout: out of service too, unless that would leave none in service
     held = [n for n in names if n in (held or []) and n not in down]
+    kept = []  # held, but kept in service: the edge would have none otherwise (still in the record)
     if held and not [n for n in names if n not in down and n not in held]:
         warnings.append(
             "every backend still in service behind the edge was left out by a failed rollout (%s): they stay in "
             "service rather than none; fix them and run the rollout again." % ", ".join(held)
         )
-        held = []
+        kept, held = held, []
     down += held
     if batch is not None:
         batch = [b for b in batch if b in names]
@@ -168,7 +169,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         "backend_tls": backend_tls,
         "drained": [n for n in names if n in down],
         "in_service": [n for n in names if n not in down],
-        "held": [n for n in names if n in down and n not in drained],
+        "held": [n for n in names if (n in down and n not in drained) or n in kept],
         "trust": trust,
         "untrusted": untrusted,
         # With TLS on, plain HTTP stays on loopback (local checks); clients use TLS.

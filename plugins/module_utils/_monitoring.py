@@ -41,8 +41,12 @@ def plan_monitoring(fleet):
     for host in fleet:
         name, address = host["name"], host["address"]
         target = "[%s]" % address if ":" in address else address
-        engines = (host.get("engine") or {}).get("instances") or []
         proxy = host.get("proxy") or {}
+        # the instances its proxy fronts: its monitoring listener serves /metrics/NAME for those
+        fronted = proxy.get("instances")
+        engines = [
+            e for e in (host.get("engine") or {}).get("instances") or [] if fronted is None or e["name"] in fronted
+        ]
         exporters = host.get("exporters") or {}
         edge = host.get("edge_published") or {}
         if host.get("gpu_host") and engines:

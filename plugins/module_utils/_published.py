@@ -18,6 +18,12 @@ A consumer reads a host's fact; a host whose preflight did not run in this play 
 the fact cache (a first run with --limit) is read from its inventory with FALLBACK, the
 producing role's own defaults (tests/unit/test_published.py checks each against the role's
 defaults/main.yml). No record holds a secret: facts are cached on disk.
+
+A host outside a --limit'ed run is read from its cached record, from its own last run, not
+from what the inventory now says: the edge keeps reaching a proxy the way it is
+configured until that proxy's host runs again (the inventory would have pointed it at a TLS
+port the proxy does not listen on yet). Run the producing host in the same run (drop --limit,
+or add the host) to move both together.
 """
 
 from __future__ import annotations

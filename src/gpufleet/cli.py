@@ -167,7 +167,9 @@ def _plan_input_errors(args: argparse.Namespace) -> list[dict]:
     errors = []
 
     def bad(flag, value, message, fix=""):
-        errors.append({"variable": flag, "value": value, "message": message, "fix": fix})
+        # JSON has no NaN or infinity: such a value is given as the text it was typed as
+        shown = str(value) if isinstance(value, float) and not math.isfinite(value) else value
+        errors.append({"variable": flag, "value": shown, "message": message, "fix": fix})
 
     if args.gpus < 1 or args.gpus > 1024:
         bad("--gpus", args.gpus, "must be from 1 to 1024", "the GPUs the instance may use on each node")
@@ -198,7 +200,7 @@ def _plan_failed(args: argparse.Namespace, records: list[dict]) -> int:
     for record in records:
         print("gpufleet plan: %s" % problem_text(record), file=sys.stderr)
     if args.json:
-        print(json.dumps({"schema": PLAN_SCHEMA, "errors": records}, indent=2, sort_keys=True))
+        print(json.dumps({"schema": PLAN_SCHEMA, "errors": records}, indent=2, sort_keys=True, allow_nan=False))
     return 1
 
 
@@ -242,9 +244,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     except PlanInputError as exc:
         return _plan_failed(args, [exc.record])
-    except (ValueError, ModelConfigError) as exc:
-        # the model's config.json (or a pin the planner refuses)
+    except ModelConfigError as exc:
+        # the model's config.json
         return _plan_failed(args, [{"variable": "--model", "value": args.model, "message": str(exc), "fix": ""}])
+    except ValueError as exc:
+        # reading --model (its message names it), or a pin the planner refuses (its message names the pin)
+        named = str(exc).startswith("--model")
+        return _plan_failed(
+            args,
+            [{"variable": "--model" if named else None, "value": args.model if named else None,
+              "message": str(exc), "fix": ""}],
+        )  # fmt: skip
     except (ArithmeticError, RecursionError, KeyError, TypeError) as exc:
         # the config passed the checks above but the arithmetic still could not use it
         return _plan_failed(

@@ -332,6 +332,9 @@ class RunView:
             # Ansible's lines as it printed them on ansible-runner's terminal (CRLF there)
             self.out.write(event["stdout"].replace("\r\n", "\n") + "\n")
             self.out.flush()
+        if kind == "runner_on_failed" and data.get("ignore_errors"):
+            # an ignored failure: a record set before it was not for it
+            self._pending.pop(data.get("host", "?"), None)
         if kind == "playbook_on_play_start":
             self.play = data.get("play") or data.get("name") or ""
         elif kind == "playbook_on_task_start":
@@ -392,6 +395,8 @@ class RunView:
         message, instance, problems = _full_message(res), "", []
         delegated = str((res.get("_ansible_delegated_vars") or {}).get("ansible_delegated_host") or "")
         delegated = delegated if delegated and delegated != name else ""
+        # the record the playbook set just before this check (a fact, not the message's words)
+        pending = self._pending.pop(name, {})
         if how == "unreachable":
             state.unreachable += 1
             state.status = "unreachable"
@@ -399,8 +404,6 @@ class RunView:
         else:
             state.failed += 1
             state.status = "failed"
-            # the record the playbook set just before this check (a fact, not the message's words)
-            pending = self._pending.pop(name, {})
             problems = pending.get("preflight") or []
             ready = pending.get("readiness") or {}
             nothing_changed = not any(h.changed for h in self.hosts.values())

@@ -61,7 +61,11 @@ def test_a_host_a_failed_rollout_left_out_stays_out_until_a_rollout_passes_it():
     assert site["drained"] == ["gpu2", "gpu3"] and site["held"] == ["gpu2"]
     # every host in service held: they stay in service rather than none, and the run says so
     alone = plan_edge(EDGE, hosts("gpu1", "gpu2"), held=["gpu1", "gpu2"])
-    assert alone["drained"] == [] and alone["held"] == [] and "left out by a failed rollout" in alone["warnings"][0]
+    assert alone["drained"] == [] and "left out by a failed rollout" in alone["warnings"][0]
+    # ... and stay in the record: the next drain of another host must not forget them
+    assert alone["held"] == ["gpu1", "gpu2"]
+    kept = plan_edge(dict(EDGE, drained=["b"]), hosts("a", "b"), held=["a"])
+    assert kept["in_service"] == ["a"] and kept["held"] == ["a"]
 
 
 def test_the_last_backend_in_service_is_never_drained():

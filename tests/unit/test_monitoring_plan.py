@@ -55,6 +55,12 @@ def test_every_instance_and_exporter_is_a_target_with_its_labels():
     assert plan["jobs"]["router"] == []
 
 
+def test_only_the_instances_the_proxy_fronts_are_scraped():
+    # its monitoring listener serves /metrics/NAME for the instances in proxy_instances only
+    fleet = [gpu("g1", "10.0.0.5", engines=[{"name": "a"}, {"name": "b"}], proxy_instances=["b"])]
+    assert [e["labels"]["engine_instance"] for e in monitoring_plan(fleet)["jobs"]["gpufleet_engine"]] == ["b"]
+
+
 def test_the_dcgm_decision_is_the_exporters_role_s_own():
     # auto: the host's GPUs decide (its gpu_facts, cached); what the role published wins
     auto = {"gpufleet_engines": [], "ansible_facts": {"gpufleet_gpu": {"count": 2}}}

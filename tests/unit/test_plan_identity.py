@@ -190,3 +190,7 @@ def test_bad_input_gives_json_records_on_stdout(tmp_path, capsys):
     rc = main(["plan", "--json", "--model", str(config)])
     (error,) = json.loads(capsys.readouterr().out)["errors"]
     assert (rc, error["variable"], error["value"], error["message"]) == (1, "--gpu-memory-gib", None, "is required")
+    # a value JSON cannot hold is given as the text it was typed as: the output stays JSON
+    rc = main(["plan", "--json", "--model", str(config), "--gpu-memory-gib", "nan"])
+    (error,) = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail("not JSON: " + c))["errors"]
+    assert (rc, error["variable"], error["value"]) == (1, "--gpu-memory-gib", "nan")
