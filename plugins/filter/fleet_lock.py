@@ -4,9 +4,11 @@
 """The fleet lock's owner line, and whether a holder is a dead run on this controller.
 
 Documented in fleet_lock_owner.yml and fleet_lock_stale.yml beside this file. A run is the
-ansible-playbook process on the controller: its host name, PID and start time (from /proc)
-name it, so a lock left by a run that was killed or failed here is recognised as stale,
-while a lock held from another controller is never broken without the operator."""
+ansible-playbook process on the controller: its host name, machine id (/etc/machine-id), PID
+and start time (from /proc) name it, so a lock left by a run that was killed or failed here is
+recognised as stale, while a lock held from another controller is never broken without the
+operator: not one with the same host name (its machine id differs), and not when this
+controller cannot read its processes' start times (no /proc: a live run would look dead)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,21 @@ import re
 import socket
 
 OWNER = re.compile(r"controller=(?P<controller>\S+) pid=(?P<pid>\d+) start=(?P<start>\d+)")
+MACHINE = re.compile(r"(?:^| )machine=(?P<machine>[0-9a-f]*)(?: |$)")
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+
+
+def _machine_id():
+    """This machine's id (systemd's machine-id(5): 32 hex digits), or "" when there is none."""
+    for path in MACHINE_ID_FILES:
+        try:
+            with open(path) as f:
+                value = f.read().strip().lower()
+        except OSError:
+            continue
+        if re.fullmatch(r"[0-9a-f]{32}", value):
+            return value
+    return ""
 
 
 def _start_time(pid):
@@ -63,19 +80,28 @@ def fleet_lock_owner(playbook):
     except (KeyError, OSError):
         user = str(os.getuid())
     # the same line every time one run asks (the lock file's own time says since when)
-    return "controller=%s pid=%d start=%s user=%s playbook=%s" % (
+    return "controller=%s pid=%d start=%s user=%s playbook=%s machine=%s" % (
         socket.gethostname(),
         pid,
         start or 0,
         user,
         os.path.basename(str(playbook)),
+        _machine_id(),
     )
 
 
 def fleet_lock_stale(holder):
     """True when the holder line names a run on this controller that no longer runs."""
-    match = OWNER.search(str(holder or ""))
+    line = str(holder or "")
+    match = OWNER.search(line)
     if not match or match.group("controller") != socket.gethostname():
+        return False
+    # another machine of the same name: never ours to break (a line without an id is older)
+    machine = MACHINE.search(line)
+    if machine and machine.group("machine") != _machine_id():
+        return False
+    # without /proc no start time can be read, and every run would look dead
+    if _start_time(os.getpid()) is None:
         return False
     return _start_time(int(match.group("pid"))) != match.group("start")
 

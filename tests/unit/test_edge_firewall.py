@@ -277,6 +277,28 @@ def test_a_lock_of_a_dead_run_here_is_stale_and_one_from_elsewhere_never_is():
     assert fleet_lock_stale("garbage") is False
 
 
+def test_a_live_lock_is_never_taken_by_a_controller_of_the_same_name_or_one_without_proc(monkeypatch):
+    from ansible_collections.gpufleet.serving.plugins.filter import fleet_lock
+
+    child = subprocess.run(
+        [sys.executable, "-c", "from ansible_collections.gpufleet.serving.plugins.filter.fleet_lock import "
+         "fleet_lock_owner; print(fleet_lock_owner('site.yml'))"],
+        capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )  # fmt: skip
+    dead = child.stdout.strip()
+    assert fleet_lock_stale(dead) is True
+    # the line names the machine; a controller with the same host name but another machine id
+    # (a clone, a second VM named alike) does not take the lock of a run it cannot see
+    assert " machine=%s" % fleet_lock._machine_id() in dead
+    monkeypatch.setattr(fleet_lock, "_machine_id", lambda: "f" * 32)
+    assert fleet_lock_stale(dead) is False
+    # a line written before machine ids (the fleet lab's stand-in for a killed run): host name decides
+    assert fleet_lock_stale(dead.rsplit(" machine=", 1)[0]) is True
+    # no /proc: this run's own start time cannot be read, so no holder is judged dead
+    monkeypatch.setattr(fleet_lock, "_start_time", lambda pid: None)
+    assert fleet_lock_stale(dead.rsplit(" machine=", 1)[0]) is False
+
+
 def test_inventory_addresses_and_subject_alt_names():
     hv = {"a": {"ansible_host": "10.0.0.1"}, "b": {"ansible_facts": {"default_ipv4": {"address": "10.0.0.2"}}}, "c": {}}
     assert inventory_addresses(["a", "b", "c"], hv) == ["10.0.0.1", "10.0.0.2", "c"]
