@@ -73,6 +73,13 @@ def _truth(value):
     return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "yes", "on", "1")
 
 
+def _public(settings, prefix) -> dict:
+    """The public listener of a proxy or an edge: TLS, and the port clients (or the edge) reach."""
+    tls = _truth(settings.get(prefix + "tls"))
+    port = settings.get(prefix + ("tls_port" if tls else "listen_port"))
+    return {"format": FORMAT, "tls": tls, "port": port}
+
+
 def publish(role, settings, engines=None, gpu_count=0) -> dict:
     """The record `role` publishes from its settings (the variables FALLBACK names, as they
     resolve on the host). engine: `engines` is the host's gpufleet_engines (or its plan's
@@ -105,9 +112,7 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
     if role == "proxy":
         tls = _truth(settings.get("proxy_tls"))
         return {
-            "format": FORMAT,
-            "tls": tls,
-            "port": settings.get("proxy_tls_port") if tls else settings.get("proxy_listen_port"),
+            **_public(settings, "proxy_"),
             "listen_port": settings.get("proxy_listen_port"),
             "self_signed": tls and _truth(settings.get("proxy_tls_self_signed")),
             "monitor_listen": str(settings.get("proxy_monitor_listen") or ""),
@@ -116,11 +121,8 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
             or [str(e.get("name")) for e in engines or [] if isinstance(e, dict) and e.get("name")],
         }
     if role == "edge":
-        tls = _truth(settings.get("edge_tls"))
         return {
-            "format": FORMAT,
-            "tls": tls,
-            "port": settings.get("edge_tls_port") if tls else settings.get("edge_listen_port"),
+            **_public(settings, "edge_"),
             "router_policy": str(settings.get("edge_router_policy") or ""),
             "router_metrics_port": settings.get("edge_router_metrics_port"),
         }

@@ -264,14 +264,20 @@ def test_a_worker_forked_from_the_run_names_the_run_itself(tmp_path):
     assert worker == main and " pid=%s " % pid in main
 
 
-def test_a_lock_of_a_dead_run_here_is_stale_and_one_from_elsewhere_never_is():
-    # a process that ran and ended: its PID (and start time) no longer name a live process
+def _dead_owner():
+    """The owner line of a process that ran here and ended: its PID (and start time) no longer
+    name a live process."""
     child = subprocess.run(
         [sys.executable, "-c", "from ansible_collections.gpufleet.serving.plugins.filter.fleet_lock import "
          "fleet_lock_owner; print(fleet_lock_owner('site.yml'))"],
         capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
     )  # fmt: skip
-    dead = child.stdout.strip()
+    return child.stdout.strip()
+
+
+def test_a_lock_of_a_dead_run_here_is_stale_and_one_from_elsewhere_never_is():
+    # a process that ran and ended: its PID (and start time) no longer name a live process
+    dead = _dead_owner()
     assert fleet_lock_stale(dead) is True
     assert fleet_lock_stale(dead.replace("controller=", "controller=other-")) is False
     assert fleet_lock_stale("garbage") is False
@@ -280,12 +286,7 @@ def test_a_lock_of_a_dead_run_here_is_stale_and_one_from_elsewhere_never_is():
 def test_a_live_lock_is_never_taken_by_a_controller_of_the_same_name_or_one_without_proc(monkeypatch):
     from ansible_collections.gpufleet.serving.plugins.filter import fleet_lock
 
-    child = subprocess.run(
-        [sys.executable, "-c", "from ansible_collections.gpufleet.serving.plugins.filter.fleet_lock import "
-         "fleet_lock_owner; print(fleet_lock_owner('site.yml'))"],
-        capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
-    )  # fmt: skip
-    dead = child.stdout.strip()
+    dead = _dead_owner()
     assert fleet_lock_stale(dead) is True
     # the line names the machine; a controller with the same host name but another machine id
     # (a clone, a second VM named alike) does not take the lock of a run it cannot see
