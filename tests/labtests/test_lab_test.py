@@ -112,7 +112,8 @@ def test_mistakes_fail_before_any_change_and_name_host_and_fix(tmp_path):
                       "h100-node-01": "0"}  # fmt: skip
     messages = " ".join(out.split())  # Ansible folds long messages
     assert "(r1-70b) (memory plan): TP=1: the weights (37.07 GiB per GPU)" in messages
-    assert "short by" in messages and "Fix: raise tensor_parallel_size." in messages
+    # its tensor_parallel_size comes from its one GPU: the fix is more GPUs (issue 31's one plan)
+    assert "short by" in messages and "Fix: give the instance more GPUs." in messages
     assert "(r1-32b-twin).port=8001 is already used by gpufleet_engines[0]; give each instance its own port" in messages
     # the engine role's argument spec refuses the typo first, listing the keys it takes
     assert "gpufleet_engines.contxt_length. Supported parameters include" in messages
