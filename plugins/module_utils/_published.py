@@ -28,7 +28,9 @@ or add the host) to move both together.
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import normalized
+from ansible.module_utils.parsing.convert_bool import boolean
+
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import is_type, normalized
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import upstream_address
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge_port
 
@@ -70,7 +72,8 @@ def _get(hv, key):
 
 
 def _truth(value):
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "yes", "on", "1")
+    """A setting's truth as the roles' `| bool` reads it (Ansible's own spellings)."""
+    return boolean(value, strict=False)
 
 
 def _public(settings, prefix) -> dict:
@@ -93,7 +96,7 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
             inst = normalized(inst)
             port = inst.get("port")
             surge = surge_port(inst)
-            ok = isinstance(port, int) and not isinstance(port, bool)
+            ok = is_type(port, int)
             out.append(
                 {
                     "name": str(inst["name"]),
@@ -103,9 +106,7 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
                     "surge_port": surge,
                     # host:port where the host's proxy reaches it, and its surge copy
                     "upstream": upstream_address(inst) if ok else None,
-                    "surge_upstream": upstream_address(inst, surge)
-                    if ok and isinstance(surge, int) and not isinstance(surge, bool)
-                    else None,
+                    "surge_upstream": upstream_address(inst, surge) if ok and is_type(surge, int) else None,
                 }
             )
         return {"format": FORMAT, "instances": out}
