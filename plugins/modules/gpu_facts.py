@@ -42,7 +42,9 @@ options:
     description:
       - Seconds each C(nvidia-smi) call may take before it is stopped (with coreutils
         C(timeout), when the host has it). A hung driver then gives facts with a
-        C(problem) instead of a hung play. V(0) waits as long as it takes.
+        C(problem) instead of a hung play. After the first call that had to be
+        stopped the module makes no other, so it returns within O(timeout) + 5 s.
+        V(0) waits as long as it takes.
     type: int
     default: 30
 attributes:
@@ -170,6 +172,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._sysfs import (
 )
 
 
+_HUNG = "within %d s (a hung driver or GPU?)"
+
+
 def _run(module, argv, limit=None):
     """One nvidia-smi call, killed after `limit` seconds (coreutils timeout: a hung driver
     must not hang the play). (stdout, None) or (None, [what it said])."""
@@ -177,7 +182,7 @@ def _run(module, argv, limit=None):
         argv = [limit[0], "--kill-after=5", "%ds" % limit[1], *argv]
     rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
     if limit and rc in (124, 137):
-        return None, ["%s did not answer within %d s (a hung driver or GPU?)" % (argv[3], limit[1])]
+        return None, ["%s did not answer %s" % (argv[3], _HUNG % limit[1])]
     if rc != 0:
         return None, (err or out or "exit status %d" % rc).strip().splitlines()[-1:]
     return out, None
@@ -207,10 +212,25 @@ def main():
 
     timeout_bin = module.get_bin_path("timeout")
     limit = (timeout_bin, module.params["timeout"]) if timeout_bin and module.params["timeout"] > 0 else None
-    query, query_err = _run(module, [smi, "--query-gpu=" + ",".join(QUERY_GPU_FIELDS), "--format=csv"], limit)
-    summary, summary_err = _run(module, [smi], limit)
-    topo, topo_err = _run(module, [smi, "topo", "-m"], limit)
-    p2p, _p2p_err = _run(module, [smi, "topo", "-p2p", "r"], limit)
+    # Four calls; after the first that had to be stopped the rest are skipped: a hung driver
+    # answers none of them, and four waits were 4 x 30 s per host (issue 32). One wait, with
+    # its kill grace, bounds the module at timeout + 5 s.
+    calls = {
+        "query": [smi, "--query-gpu=" + ",".join(QUERY_GPU_FIELDS), "--format=csv"],
+        "summary": [smi],
+        "topo": [smi, "topo", "-m"],
+        "p2p": [smi, "topo", "-p2p", "r"],
+    }
+    out, err, hung = {}, {}, None
+    for name, argv in calls.items():
+        if hung:
+            out[name], err[name] = None, hung
+            continue
+        out[name], err[name] = _run(module, argv, limit)
+        if err[name] and limit and err[name][0].endswith(_HUNG % limit[1]):
+            hung = err[name]
+    query, summary, topo, p2p = out["query"], out["summary"], out["topo"], out["p2p"]
+    query_err, summary_err, topo_err = err["query"], err["summary"], err["topo"]
     problem = None
     if query is None and summary is None and topo is None:
         # The driver is not loaded or the GPUs are gone: say what nvidia-smi said.

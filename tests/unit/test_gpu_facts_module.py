@@ -146,7 +146,9 @@ def _get(facts, dotted):
 def test_gpu_facts_cases(monkeypatch, tmp_path, case, calls, expected, check_mode):
     params = {"nvidia_smi_path": SMI, "sysfs_root": str(tmp_path)}
     made, result = _run_module(monkeypatch, tmp_path, params, calls, check_mode)
-    assert made == [QUERY, PLAIN, TOPO, P2P]  # read-only: the same four calls in check mode
+    # read-only: the same calls in check mode; after a call that had to be stopped, none
+    # (a hung driver cost 4 x 30 s per host before, issue 32)
+    assert made == ([QUERY] if case["machine"] == "hung-driver" else [QUERY, PLAIN, TOPO, P2P])
     assert result["changed"] is False
     facts = result["ansible_facts"]["gpufleet_gpu"]
     for key, value in expected.items():
@@ -186,3 +188,21 @@ def test_no_nvidia_smi(monkeypatch, tmp_path):
     facts = result["ansible_facts"]["gpufleet_gpu"]
     assert facts["count"] == 0
     assert "nvidia-smi not found" in facts["problem"]
+
+
+def test_hung_stand_in_is_called_once(monkeypatch, tmp_path):
+    """A stand-in for a hung driver's nvidia-smi (it logs each call, then sleeps), run for real
+    under coreutils timeout: the module stops it once and calls it no more."""
+    calls = tmp_path / "calls"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "$*" >> %s\nexec sleep 30\n' % calls)
+    smi.chmod(0o755)
+    args = {"nvidia_smi_path": str(smi), "sysfs_root": str(tmp_path), "timeout": 1, "_ansible_check_mode": False}
+    monkeypatch.setattr(basic, "_ANSIBLE_ARGS", to_bytes(json.dumps({"ANSIBLE_MODULE_ARGS": args})))
+    monkeypatch.setattr(basic, "_ANSIBLE_PROFILE", "legacy")
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", lambda self, **r: (_ for _ in ()).throw(_Exit(r)))
+    with pytest.raises(_Exit) as done:
+        gpu_facts.main()
+    facts = done.value.args[0]["ansible_facts"]["gpufleet_gpu"]
+    assert calls.read_text().splitlines() == ["--query-gpu=" + QUERY[1].split("=", 1)[1] + " --format=csv"]
+    assert facts["count"] == 0 and "did not answer within 1 s" in facts["problem"]
