@@ -44,6 +44,7 @@ FACTS = {
 FALLBACK = {
     "proxy": {
         "proxy_listen_port": 8080,
+        "proxy_listen_address": "0.0.0.0",
         "proxy_tls": False,
         "proxy_tls_port": 8443,
         "proxy_tls_self_signed": False,
@@ -64,7 +65,8 @@ FALLBACK = {
         "exporters_dcgm_enabled": "auto",
     },
 }
-FORMAT = 1
+# 2: the proxy record gained local_address (a cached record of format 1 lacks it)
+FORMAT = 2
 
 
 def _get(hv, key):
@@ -81,6 +83,15 @@ def _public(settings, prefix) -> dict:
     tls = _truth(settings.get(prefix + "tls"))
     port = settings.get(prefix + ("tls_port" if tls else "listen_port"))
     return {"format": FORMAT, "tls": tls, "port": port}
+
+
+def _local_address(tls, listen) -> str:
+    listen = str(listen or "").strip()
+    if tls or listen in ("", "*", "0.0.0.0"):
+        return "127.0.0.1"
+    if listen in ("::", "[::]"):
+        return "[::1]"
+    return "[%s]" % listen if ":" in listen and not listen.startswith("[") else listen
 
 
 def publish(role, settings, engines=None, gpu_count=0) -> dict:
@@ -115,6 +126,10 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
         return {
             **_public(settings, "proxy_"),
             "listen_port": settings.get("proxy_listen_port"),
+            # where a client on the host itself reaches the plain port (site.yml's and the
+            # rollout's stream check): loopback when TLS keeps plain HTTP there or the site
+            # listens on every address, else the one address it listens on
+            "local_address": _local_address(tls, settings.get("proxy_listen_address")),
             "self_signed": tls and _truth(settings.get("proxy_tls_self_signed")),
             "monitor_listen": str(settings.get("proxy_monitor_listen") or ""),
             # the instances it fronts: proxy_instances, else every instance of the host

@@ -12,7 +12,7 @@ import yaml
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._edge import backends
 from ansible_collections.gpufleet.serving.plugins.module_utils._firewall import plan_firewall
-from ansible_collections.gpufleet.serving.plugins.module_utils._published import FACTS, FALLBACK, publish, published
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import FACTS, FALLBACK, FORMAT, publish, published
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def test_the_proxy_site_is_made_from_the_engine_record():
     params = {"listen_port": 8080, "client_max_body_size": "1m"}
     assert plan_proxy(params, engines) == plan_proxy(params, engines, record)
     # the upstream is the record's: what the engine role published is what the proxy balances
-    moved = {"format": 1, "instances": [dict(record["instances"][0], upstream="127.0.0.1:7001")]}
+    moved = {"format": FORMAT, "instances": [dict(record["instances"][0], upstream="127.0.0.1:7001")]}
     got = plan_proxy(params, engines, moved)
     assert (got["upstream"], got["engine_key"]) == (["127.0.0.1:7001"], "k" * 32)
 
@@ -97,3 +97,18 @@ def test_no_role_or_plugin_opens_another_role_s_files():
             if _BY_PATH.search(code):
                 found.append("%s:%d: %s" % (path.relative_to(ROOT), number, line.strip()))
     assert found == []
+
+
+@pytest.mark.parametrize(
+    ("tls", "listen", "local"),
+    [
+        (False, "0.0.0.0", "127.0.0.1"),
+        (False, "10.0.0.5", "10.0.0.5"),  # the stream check called 127.0.0.1 here and failed (issue 32)
+        (False, "::", "[::1]"),
+        (False, "fd00::5", "[fd00::5]"),
+        (True, "10.0.0.5", "127.0.0.1"),  # with TLS the plain port listens on loopback
+    ],
+)
+def test_the_stream_check_calls_the_address_the_proxy_listens_on(tls, listen, local):
+    record = publish("proxy", dict(FALLBACK["proxy"], proxy_tls=tls, proxy_listen_address=listen), engines=[])
+    assert record["local_address"] == local
