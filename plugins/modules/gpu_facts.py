@@ -171,7 +171,6 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._sysfs import (
     rdma_devices,
 )
 
-
 _HUNG = "within %d s (a hung driver or GPU?)"
 
 

@@ -12,7 +12,13 @@ import yaml
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._edge import backends
 from ansible_collections.gpufleet.serving.plugins.module_utils._firewall import plan_firewall
-from ansible_collections.gpufleet.serving.plugins.module_utils._published import FACTS, FALLBACK, FORMAT, publish, published
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import (
+    FACTS,
+    FALLBACK,
+    FORMAT,
+    publish,
+    published,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
