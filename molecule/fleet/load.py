@@ -1,7 +1,9 @@
 """Streams chat completions through the edge with the real OpenAI client until a stop file
 appears, then writes what happened: requests made, failed (no answer or an HTTP error) and
 cut (a stream that started but ended without a finish reason).
-    load.py BASE_URL KEY STOP_FILE RESULT_FILE [WORKERS]
+    load.py BASE_URL KEY STOP_FILE RESULT_FILE [WORKERS [MAX_TOKENS [PAUSE]]]
+Short streams (16 tokens, a 0.25 s pause) by default. MAX_TOKENS over 16 asks for exactly that
+many (vLLM's ignore_eos), the long streams of production: PAUSE 0 sends the next at once.
 """
 
 import json
@@ -14,7 +16,10 @@ from openai import OpenAI
 
 base_url, key, stop_file, result_file = sys.argv[1:5]
 workers = int(sys.argv[5]) if len(sys.argv) > 5 else 2
-counts = {"made": 0, "completed": 0, "failed": 0, "cut": 0}
+max_tokens = int(sys.argv[6]) if len(sys.argv) > 6 else 16
+pause = float(sys.argv[7]) if len(sys.argv) > 7 else 0.25
+# tokens: content chunks received in whole streams (about one a token), to show they were long
+counts = {"made": 0, "completed": 0, "failed": 0, "cut": 0, "tokens": 0}
 errors = []
 lock = threading.Lock()
 
@@ -22,17 +27,19 @@ lock = threading.Lock()
 def worker():
     client = OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=120)
     while not os.path.exists(stop_file):
-        started, finished = False, None
+        started, finished, tokens = False, None, 0
         try:
             stream = client.chat.completions.create(
                 model="tiny-llama",
                 messages=[{"role": "user", "content": "Count from one to twenty."}],
-                max_tokens=16,
+                max_tokens=max_tokens,
                 stream=True,
+                extra_body={"ignore_eos": True} if max_tokens > 16 else None,
             )
             for chunk in stream:
                 if chunk.choices:
                     started = True
+                    tokens += 1 if chunk.choices[0].delta.content else 0
                     finished = chunk.choices[0].finish_reason or finished
             outcome = "completed" if finished else "cut"
         except Exception as exc:
@@ -42,7 +49,9 @@ def worker():
         with lock:
             counts["made"] += 1
             counts[outcome] += 1
-        time.sleep(0.25)  # steady traffic that leaves this 2-core lab room to restart engines
+            counts["tokens"] += tokens if outcome == "completed" else 0
+        if pause:
+            time.sleep(pause)  # steady traffic that leaves this 2-core lab room to restart engines
 
 
 threads = [threading.Thread(target=worker) for _ in range(workers)]
