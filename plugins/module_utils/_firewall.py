@@ -9,7 +9,9 @@ is not on loopback; an edge host opens SSH and its edge's public port. With moni
 the exporters' ports (node, nginx, DCGM) open to them only. A node of a multi-node engine
 instance opens to the instance's other nodes. Everything else that
 arrives is dropped: engine ports, the engines' internal sockets, Docker's, anything a later
-package opens. Read by the firewall role (its preflight and its nftables table).
+package opens. On loopback, the engines' ports and the router's take connections only from
+the users of firewall_loopback_users (root, nginx's www-data) and the router's own user.
+Read by the firewall role (its preflight and its nftables table).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ def _sources(values, var, errors):
                 "give the host's address (ansible_host) rather than its name." % (var, value)
             )
     return out
+
+
+# a POSIX user name as useradd takes it
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def plan_firewall(params, host_vars, roles):
@@ -131,4 +137,41 @@ def plan_firewall(params, host_vars, roles):
     for rule in rules:
         rule["v4"] = [n for n in rule["sources"] if ipaddress.ip_network(n).version == 4]
         rule["v6"] = [n for n in rule["sources"] if ipaddress.ip_network(n).version == 6]
-    return {"errors": errors, "rules": rules, "ports": sorted({r["port"] for r in rules if r["port"] is not None})}
+    return {"errors": errors, "rules": rules, "ports": sorted({r["port"] for r in rules if r["port"] is not None}),
+            "loopback": _loopback(params, host_vars or {}, roles, edge, errors)}  # fmt: skip
+
+
+def _loopback(params, host_vars, roles, edge, errors):
+    """The control planes on loopback and who may connect to them (issue 32): the engines' own
+    ports (/pause, /abort_requests, /collective_rpc; SGLang's have no key) and, on an edge host,
+    the router's API (/add_worker redirects client traffic, keys included) and the router's way
+    to the proxies (it trusts X-Forwarded-For). Only their services connect: root (Ansible, the
+    watchdog), nginx (www-data) and the router's own user; firewall_loopback_users lists them.
+
+    Returns {users: [name], router_user: name or None, guards: [{ports, why}]} (no guards with
+    firewall_loopback_guard false)."""
+    users = params.get("loopback_users")
+    if users is None:
+        users = ["root", "www-data"]
+    if not isinstance(users, list) or not all(isinstance(u, str) and USER_NAME.fullmatch(u) for u in users):
+        errors.append(
+            "firewall_loopback_users=%r must be a list of user names (the services that may connect to the "
+            "engines' and the router's loopback ports, e.g. [root, www-data])." % (users,)
+        )
+        users = []
+    guards, router_user = [], None
+    if "gpu_host" in roles and host_vars.get("gpufleet_engines"):
+        engine = published("engine", host_vars)
+        ports = sorted({p for i in engine["instances"] for p in (i["port"], i["surge_port"]) if _port(p) is not None})
+        if ports:
+            guards.append({"ports": ports, "why": "the engines' own ports: their proxy, the watchdog and Ansible"})
+    if "edge" in roles and edge.get("router_policy"):
+        ports = [p for p in (edge.get("router_port"), edge.get("router_backend_port")) if _port(p) is not None]
+        router_user = edge.get("router_user") or None
+        if ports:
+            why = "the router's API and its way to the proxies: nginx, the router, Ansible"
+            guards.append({"ports": ports, "why": why})
+    if params.get("loopback_guard") is False:
+        guards = []
+    return {"users": users + ([router_user] if router_user and guards and router_user not in users else []),
+            "router_user": router_user if guards else None, "guards": guards}  # fmt: skip

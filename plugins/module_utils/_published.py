@@ -56,6 +56,8 @@ FALLBACK = {
         "edge_tls": False,
         "edge_tls_port": 8443,
         "edge_router_policy": "",
+        "edge_router_port": 8090,
+        "edge_router_backend_port": 8091,
         "edge_router_metrics_port": 9097,
     },
     "exporters": {
@@ -65,6 +67,8 @@ FALLBACK = {
         "exporters_dcgm_enabled": "auto",
     },
 }
+# the router's system user (the edge role's _edge_router_user, which it publishes)
+ROUTER_USER = "gpufleet-router"
 # 2: the proxy record gained local_address (a cached record of format 1 lacks it)
 FORMAT = 2
 
@@ -141,6 +145,11 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
             **_public(settings, "edge_"),
             "router_policy": str(settings.get("edge_router_policy") or ""),
             "router_metrics_port": settings.get("edge_router_metrics_port"),
+            # the router's loopback listeners (its API, its way to the proxies) and its user:
+            # the firewall lets that user, nginx and root reach them, no one else
+            "router_port": settings.get("edge_router_port"),
+            "router_backend_port": settings.get("edge_router_backend_port"),
+            "router_user": str(settings.get("router_user") or ROUTER_USER),
         }
     if role == "exporters":
         asked = str(settings.get("exporters_dcgm_enabled")).strip().lower()

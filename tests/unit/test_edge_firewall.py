@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,8 @@ from ansible_collections.gpufleet.serving.plugins.filter.network import inventor
 from ansible_collections.gpufleet.serving.plugins.module_utils._edge import backends, plan_edge
 from ansible_collections.gpufleet.serving.plugins.module_utils._firewall import plan_firewall
 from ansible_collections.gpufleet.serving.plugins.module_utils._status import busy, idle_targets
+
+ROOT = Path(__file__).resolve().parents[2]
 
 EDGE = {"backend_group": "gpu_hosts", "drained": [], "listen_port": 8080, "listen_address": "0.0.0.0", "tls": False,
         "tls_port": 8443, "tls_self_signed": False, "tls_certificate": "", "tls_certificate_key": ""}  # fmt: skip
@@ -354,3 +357,41 @@ def test_the_router_helper_fails_when_the_router_does_not_answer(tmp_path):
     assert done.returncode == 4, done.stdout + done.stderr
     answer = json.loads(done.stdout)
     assert answer["unreachable"] and answer["added"] == [] and answer["removed"] == []
+
+
+def test_loopback_control_planes_take_only_their_services_users():
+    # a gpu host: each instance's port and its surge copy's, for root and nginx (issue 32)
+    host = {"gpufleet_engines": [{"name": "a", "port": 8001}, {"name": "b", "port": 8002, "surge_port": 9102}]}
+    loop = firewall(host=host)["loopback"]
+    (guard,) = loop["guards"]
+    assert guard["ports"] == [8001, 8002, 9001, 9102]
+    assert loop["users"] == ["root", "www-data"] and loop["router_user"] is None
+    # an edge host with the router: its API and its way to the proxies, for its user too
+    loop = firewall(roles=("edge",), host={"gpufleet_engines": [], "edge_router_policy": "cache_aware"})["loopback"]
+    assert [g["ports"] for g in loop["guards"]] == [[8090, 8091]]
+    assert loop["users"] == ["root", "www-data", "gpufleet-router"] and loop["router_user"] == "gpufleet-router"
+    # without the router nothing listens there; the guard off: no rule
+    assert firewall(roles=("edge",), host={"gpufleet_engines": []})["loopback"]["guards"] == []
+    assert firewall(host=host, loopback_guard=False)["loopback"]["guards"] == []
+    # a wrong user list is named
+    assert "firewall_loopback_users=" in " ".join(firewall(loopback_users="root")["errors"])
+    assert "firewall_loopback_users=" in " ".join(firewall(loopback_users=["Root user"])["errors"])
+
+
+def test_the_loopback_rule_renders_by_user_id():
+    from jinja2 import Environment, FileSystemLoader
+
+    env = Environment(loader=FileSystemLoader(str(ROOT / "roles" / "firewall" / "templates")), trim_blocks=True)
+    env.filters["comment"] = lambda text: "# " + text
+    plan = firewall(host={"gpufleet_engines": [{"name": "a", "port": 8001}]})
+    text = env.get_template("gpufleet.nft.j2").render(
+        ansible_managed="managed", inventory_hostname="gpu1", __firewall_plan=plan, firewall_log_drops=False,
+        __firewall_loopback_uids=[0, 33],
+    )  # fmt: skip
+    assert "type filter hook output priority filter; policy accept;" in text
+    assert 'oifname "lo" tcp dport { 8001, 9001 } meta skuid != { 0, 33 } counter reject with tcp reset' in text
+    # no user ID known (check mode on a bare host): no output chain at all, never an empty set
+    assert "chain output" not in env.get_template("gpufleet.nft.j2").render(
+        ansible_managed="managed", inventory_hostname="gpu1", __firewall_plan=plan, firewall_log_drops=False,
+        __firewall_loopback_uids=[],
+    )  # fmt: skip
