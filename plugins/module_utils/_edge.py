@@ -182,7 +182,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
 def _plan_router(params, hosts, down, errors):
     """The routing tier (vllm-router on the edge host, behind its nginx): None when
     edge_router_policy is "", else {policy, model, workers: [URL], backends: [{name, address,
-    port}]}. The router reaches every instance through the edge's nginx on loopback
+    port, down}]}. The router reaches every instance through the edge's nginx on loopback
     (edge_router_backend_port, /gpufleet/b/HOST/INSTANCE/...), which holds the TLS to the
     proxies; a drained host's instances are not workers."""
     policy = params.get("router_policy") or ""
@@ -231,5 +231,8 @@ def _plan_router(params, hosts, down, errors):
         "workers": [
             "%s/%s/%s" % (base, h["name"], i["name"]) for h in hosts if h["name"] not in down for i in h["instances"]
         ],
-        "backends": [{"name": h["name"], "address": h["address"], "port": h["port"]} for h in hosts],
+        # down: a drained host's way from the router is closed too (a stale worker list answers 502)
+        "backends": [
+            {"name": h["name"], "address": h["address"], "port": h["port"], "down": h["name"] in down} for h in hosts
+        ],
     }

@@ -139,10 +139,12 @@ def test_the_router_addresses_every_instance_of_every_backend_in_service():
     base = "http://127.0.0.1:8091/gpufleet/b/"
     assert plan["router"]["workers"] == [base + "a/x", base + "a/y", base + "b/z"]
     assert [b["name"] for b in plan["router"]["backends"]] == ["a", "b"]
-    # the rollout drains b: its instance leaves the router's list, its backend stays addressable
+    # the rollout drains b: its instance leaves the router's list, and its way from the router
+    # (8091's upstream) is down too, so a stale list cannot reach it (issue 32)
     drained = plan_edge(ROUTER, fleet, batch=["b"])
     assert drained["router"]["workers"] == [base + "a/x", base + "a/y"]
-    assert len(drained["router"]["backends"]) == 2
+    assert [(b["name"], b["down"]) for b in drained["router"]["backends"]] == [("a", False), ("b", True)]
+    assert [b["down"] for b in plan["router"]["backends"]] == [False, False]
     # proxy_instances: only the instances the proxy fronts
     only = backends(["a"], {"a": {"gpufleet_engines": engines("x", "y"), "proxy_instances": ["y"]}})
     assert plan_edge(ROUTER, only)["router"]["workers"] == [base + "a/y"]
