@@ -36,6 +36,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._placement import
 
 MODEL_MOUNT = "/models/%s"
 SECRET_MOUNT = "/run/gpufleet/secret.env"
+# during a key rotation (api_key_previous), vLLM's --config file with both keys, written by the
+# container's shell from the secret file's variables
+API_KEYS_FILE = "/run/gpufleet/api-keys.yaml"
 # The version of the deployed.json layout (status reads older ones as unknown).
 DEPLOYED_FORMAT = 1
 
@@ -308,9 +311,18 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         docker += ["--no-healthcheck"]
     # the secret file's variables into the environment, then the command
     source = "set -a; . %s; set +a; " % SECRET_MOUNT
-    script = source + 'exec "$@"'
     args = engine_args(inst)
     command = [*((ENGINE_INFO[engine].group_entrypoint if group else None) or ENGINE_INFO[engine].entrypoint), *args]
+    if inst.get("api_key_previous") and serves:
+        # A key rotation (issue 32): the engine accepts the new key and the one being retired.
+        # vLLM reads one key from its environment but a list from --api-key; the list goes
+        # through its --config file, which the shell writes (printf is a builtin: no process
+        # carries a key on its command line) into the container, readable by root only.
+        source += "(umask 077 && printf 'api-key:\\n- \"%%s\"\\n- \"%%s\"\\n' \"$VLLM_API_KEY\" \"$GPUFLEET_API_KEY_PREVIOUS\" > %s); " % (
+            API_KEYS_FILE
+        )
+        command += ["--config", API_KEYS_FILE]
+    script = source + 'exec "$@"'
     if ray:
         # A Ray group: the leader starts the head (it returns once the head runs), then vLLM; a
         # worker runs a Ray node only (vLLM's Ray executor starts its workers there). Every word

@@ -322,6 +322,11 @@ def _engine_info(one: Instance):
     return ENGINE_INFO.get(one.engine) if isinstance(one.engine, str) else None
 
 
+# the characters an engine key may hold: the proxy writes it into an nginx header, and the
+# previous key goes into a YAML list the container's shell writes (_engine_render)
+ENGINE_KEY = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
+
+
 def _api_key(one: Instance, seen: Host) -> List[str]:
     info = _engine_info(one)
     if info is not None and not info.api_key_from_env and one.raw.get("api_key"):
@@ -329,6 +334,30 @@ def _api_key(one: Instance, seen: Host) -> List[str]:
             "%s.api_key: %s takes its key only on the command line, where every local user can read it "
             "(ps); leave api_key unset: the engine binds to loopback and the proxy checks client keys."
             % (one.where, info.label)
+        ]
+    previous = one.raw.get("api_key_previous")
+    if previous in (None, ""):
+        return []
+    # A key rotation without a 401 window (issue 32): the instance accepts the key being
+    # retired beside the new one while the proxies switch; a second rollout without it
+    # retires it.
+    if info is not None and not info.api_key_from_env:
+        return ["%s.api_key_previous: %s takes no API key here (see api_key); remove it." % (one.where, info.label)]
+    if not one.raw.get("api_key"):
+        return [
+            "%s.api_key_previous is set without api_key: it is the key being retired while api_key is the new one; "
+            "set api_key to the new key, or remove api_key_previous." % one.where
+        ]
+    if not isinstance(previous, str) or not ENGINE_KEY.fullmatch(previous):
+        return [
+            "%s.api_key_previous has characters outside A-Z a-z 0-9 . _ ~ + / = - (or is not text): give the key "
+            "api_key had, as it was." % one.where
+        ]
+    if previous == one.raw.get("api_key"):
+        return [
+            "%s.api_key_previous is the same as api_key: during a rotation api_key is the new key and "
+            "api_key_previous the one being retired; once every proxy uses the new key, remove api_key_previous."
+            % one.where
         ]
     return []
 

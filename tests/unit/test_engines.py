@@ -106,6 +106,11 @@ def test_valid_instance_has_no_errors():
         ([chat(drain_timeout=True)], ["drain_timeout=True"]),
         ([chat(name="chat\n")], ["name='chat\\n'"]),
         ([chat(engine="sglang", api_key="k" * 40)], ["SGLang takes its key only on the command line"]),
+        # a key rotation's retiring key (issue 32): beside a new api_key, different, header-safe, vLLM only
+        ([chat(api_key_previous="o" * 40)], ["api_key_previous is set without api_key"]),
+        ([chat(api_key="k" * 40, api_key_previous="k" * 40)], ["api_key_previous is the same as api_key"]),
+        ([chat(api_key="k" * 40, api_key_previous="old key!")], ["api_key_previous has characters outside"]),
+        ([chat(engine="sglang", api_key_previous="o" * 40)], ["api_key_previous: SGLang takes no API key"]),
         ([chat(bind="localhost")], ["bind='localhost' must be an IP address"]),
         ([chat(swap_space=4)], ["swap_space", "vLLM 0.32 has no --swap-space"]),
         ([chat(gpus=[], accelerator="cpu", tensor_parallel_size=1, cpus="0-3,x")], ["cpus='0-3,x'"]),
@@ -240,6 +245,24 @@ def test_render_has_no_secret_and_mounts_model_read_only():
     assert args[image_at - 2 : image_at] == ["--entrypoint", "/bin/sh"]
     assert args[image_at + 4 : image_at + 7] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert inst["unit"] == "gpufleet-engine@chat.service"
+
+
+def test_a_rotation_s_two_keys_reach_vllm_through_a_root_only_config_file():
+    result = plan([chat(api_key="n3w-" * 10, api_key_previous="0ld-" * 10)], gpu=GPU, models=MODELS, host=HOST,
+                  defaults=role_defaults())  # fmt: skip
+    assert result["errors"] == []
+    (inst,) = result["instances"]
+    args = inst["docker_args"]
+    # neither key in the plan, the arguments or docker inspect: the shell writes them from the secret file
+    assert "n3w-" not in json.dumps(result) and "0ld-" not in json.dumps(result)
+    script = args[args.index("-c") + 1]
+    assert "(umask 077 && printf 'api-key:\\n- \"%s\"\\n- \"%s\"\\n' \"$VLLM_API_KEY\" \"$GPUFLEET_API_KEY_PREVIOUS\"" in script
+    assert args[-2:] == ["--config", "/run/gpufleet/api-keys.yaml"]
+    # without it: no config file, and the engine's own arguments are the same either way
+    (plain,) = plan([chat(api_key="n3w-" * 10)], gpu=GPU, models=MODELS, host=HOST, defaults=role_defaults())[
+        "instances"
+    ]
+    assert "--config" not in plain["docker_args"] and plain["engine_args"] == inst["engine_args"]
 
 
 def test_plan_returns_no_instances_on_errors():
