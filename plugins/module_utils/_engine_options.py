@@ -198,9 +198,9 @@ REMOVED = {
 # Instance keys that are not engine options.
 INSTANCE_KEYS = (
     "name", "engine", "accelerator", "image", "model", "served_model_name", "port", "bind", "gpus", "cpus",
-    "api_key", "api_key_previous", "ipc", "shm_size", "kv_cache_space_gib", "extra_args", "env", "secret_env", "readiness_timeout",
-    "drain_timeout", "options", "surge_port", "watch_gpus", "nodes", "master_port", "cross_node_tensor_parallel",
-    "distributed_executor_backend", "ray_port", "ray_dashboard_port", "ray_token",
+    "api_key", "api_key_previous", "ipc", "shm_size", "kv_cache_space_gib", "extra_args", "env", "secret_env",
+    "readiness_timeout", "drain_timeout", "options", "surge_port", "watch_gpus", "nodes", "master_port",
+    "cross_node_tensor_parallel", "distributed_executor_backend", "ray_port", "ray_dashboard_port", "ray_token",
     "exclusive_cpus", "cpu_weight", "io_weight", "memory_low", "memory_max",
 )  # fmt: skip
 

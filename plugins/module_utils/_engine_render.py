@@ -318,8 +318,9 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         # vLLM reads one key from its environment but a list from --api-key; the list goes
         # through its --config file, which the shell writes (printf is a builtin: no process
         # carries a key on its command line) into the container, readable by root only.
-        source += "(umask 077 && printf 'api-key:\\n- \"%%s\"\\n- \"%%s\"\\n' \"$VLLM_API_KEY\" \"$GPUFLEET_API_KEY_PREVIOUS\" > %s); " % (
-            API_KEYS_FILE
+        source += (
+            '(umask 077 && printf \'api-key:\\n- "%%s"\\n- "%%s"\\n\' '
+            '"$VLLM_API_KEY" "$GPUFLEET_API_KEY_PREVIOUS" > %s); ' % API_KEYS_FILE
         )
         command += ["--config", API_KEYS_FILE]
     script = source + 'exec "$@"'

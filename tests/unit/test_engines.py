@@ -256,7 +256,8 @@ def test_a_rotation_s_two_keys_reach_vllm_through_a_root_only_config_file():
     # neither key in the plan, the arguments or docker inspect: the shell writes them from the secret file
     assert "n3w-" not in json.dumps(result) and "0ld-" not in json.dumps(result)
     script = args[args.index("-c") + 1]
-    assert "(umask 077 && printf 'api-key:\\n- \"%s\"\\n- \"%s\"\\n' \"$VLLM_API_KEY\" \"$GPUFLEET_API_KEY_PREVIOUS\"" in script
+    writes = '(umask 077 && printf \'api-key:\\n- "%s"\\n- "%s"\\n\' "$VLLM_API_KEY" "$GPUFLEET_API_KEY_PREVIOUS"'
+    assert writes in script
     assert args[-2:] == ["--config", "/run/gpufleet/api-keys.yaml"]
     # without it: no config file, and the engine's own arguments are the same either way
     (plain,) = plan([chat(api_key="n3w-" * 10)], gpu=GPU, models=MODELS, host=HOST, defaults=role_defaults())[
