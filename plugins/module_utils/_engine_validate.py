@@ -353,6 +353,11 @@ def _api_key(one: Instance, seen: Host) -> List[str]:
             "%s.api_key_previous has characters outside A-Z a-z 0-9 . _ ~ + / = - (or is not text): give the key "
             "api_key had, as it was." % one.where
         ]
+    if not isinstance(one.raw.get("api_key"), str) or not ENGINE_KEY.fullmatch(one.raw["api_key"]):
+        return [
+            "%s.api_key has characters outside A-Z a-z 0-9 . _ ~ + / = - while api_key_previous is set: both keys "
+            "go into the engine's key list, so keep to those." % one.where
+        ]
     if previous == one.raw.get("api_key"):
         return [
             "%s.api_key_previous is the same as api_key: during a rotation api_key is the new key and "

@@ -166,7 +166,7 @@ def _loopback(params, host_vars, roles, edge, errors):
         if ports:
             guards.append({"ports": ports, "why": "the engines' own ports: their proxy, the watchdog and Ansible"})
     if "edge" in roles and edge.get("router_policy"):
-        ports = [p for p in (edge.get("router_port"), edge.get("router_backend_port")) if _port(p) is not None]
+        ports = sorted({p for p in (edge.get("router_port"), edge.get("router_backend_port")) if _port(p) is not None})
         router_user = edge.get("router_user") or None
         if ports:
             why = "the router's API and its way to the proxies: nginx, the router, Ansible"

@@ -111,6 +111,7 @@ def test_valid_instance_has_no_errors():
         ([chat(api_key="k" * 40, api_key_previous="k" * 40)], ["api_key_previous is the same as api_key"]),
         ([chat(api_key="k" * 40, api_key_previous="old key!")], ["api_key_previous has characters outside"]),
         ([chat(engine="sglang", api_key_previous="o" * 40)], ["api_key_previous: SGLang takes no API key"]),
+        ([chat(api_key='new"key' * 5, api_key_previous="o" * 40)], ["api_key has characters outside"]),
         ([chat(bind="localhost")], ["bind='localhost' must be an IP address"]),
         ([chat(swap_space=4)], ["swap_space", "vLLM 0.32 has no --swap-space"]),
         ([chat(gpus=[], accelerator="cpu", tensor_parallel_size=1, cpus="0-3,x")], ["cpus='0-3,x'"]),

@@ -71,7 +71,7 @@ def test_a_restart_of_serving_engines_stops_every_host_and_names_the_rollout(tmp
     proc, went_on = _run(tmp_path, {"lab-a": ["tiny", "big"], "lab-b": []}, "-v")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and went_on == []
-    assert "site.yml would restart engines that serve traffic" in out
+    assert "site.yml would restart or stop engines that serve traffic" in out
     assert "lab-a (tiny, big)" in out and "lab-b (" not in out
     assert "gpufleet rollout -i" in out and "gpufleet_site_restarts=allow" in out
     # the record the CLI prints (runner.py reads gpufleet_preflight_problems)
