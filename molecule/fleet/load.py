@@ -18,7 +18,8 @@ base_url, key, stop_file, result_file = sys.argv[1:5]
 workers = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 max_tokens = int(sys.argv[6]) if len(sys.argv) > 6 else 16
 pause = float(sys.argv[7]) if len(sys.argv) > 7 else 0.25
-# tokens: content chunks received in whole streams (about one a token), to show they were long
+# tokens: completion tokens of the whole long streams, as the engine's own usage counts them
+# (the chunks are fewer: the detokenizer holds back partial words)
 counts = {"made": 0, "completed": 0, "failed": 0, "cut": 0, "tokens": 0}
 errors = []
 lock = threading.Lock()
@@ -35,12 +36,14 @@ def worker():
                 max_tokens=max_tokens,
                 stream=True,
                 extra_body={"ignore_eos": True} if max_tokens > 16 else None,
+                stream_options={"include_usage": True} if max_tokens > 16 else None,
             )
             for chunk in stream:
                 if chunk.choices:
                     started = True
-                    tokens += 1 if chunk.choices[0].delta.content else 0
                     finished = chunk.choices[0].finish_reason or finished
+                if getattr(chunk, "usage", None):
+                    tokens = chunk.usage.completion_tokens
             outcome = "completed" if finished else "cut"
         except Exception as exc:
             outcome = "cut" if started else "failed"
