@@ -95,3 +95,32 @@ def promtool() -> Path:
     if folder is None:
         pytest.skip("promtool comes from Debian's prometheus package (tests/promtools.sh needs apt-get, dpkg-deb)")
     return folder / "promtool"
+
+
+def run_play_then_mark(tmp_path, play, host_vars=None, extra=()):
+    """Run `play` with the real ansible-playbook against three local hosts (lab-a and lab-b in
+    gpu_hosts, lab-edge in edge; host_vars: {host: "k=v ..."} inventory variables), followed by
+    a play that marks each host that went on. Returns (the process, the marked hosts)."""
+    import yaml
+
+    marks = tmp_path / "went-on"
+    marks.mkdir()
+    went_on = {
+        "name": "What comes after it",
+        "hosts": "gpu_hosts:edge",
+        "gather_facts": False,
+        "tasks": [{"name": "Mark this host", "ansible.builtin.file": {"path": str(marks) + "/{{ inventory_hostname }}",
+                                                                        "state": "touch", "mode": "0644"}}],
+    }  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([play, went_on], sort_keys=False))
+    local = "ansible_connection=local ansible_python_interpreter=%s" % sys.executable
+    line = {h: ("%s %s %s" % (h, local, (host_vars or {}).get(h, ""))).rstrip() for h in ("lab-a", "lab-b", "lab-edge")}
+    (tmp_path / "hosts.ini").write_text(
+        "[gpu_hosts]\n%s\n%s\n[edge]\n%s\n" % (line["lab-a"], line["lab-b"], line["lab-edge"])
+    )
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"),
+         str(tmp_path / "play.yml"), *extra],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return proc, sorted(p.name for p in marks.iterdir())

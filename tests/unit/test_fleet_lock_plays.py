@@ -9,12 +9,11 @@ with -e), so nothing on this machine outside it is touched.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_play_then_mark
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLDER = "controller=ci-runner-7 pid=4242 start=99 user=ops playbook=rollout.yml"
@@ -31,28 +30,11 @@ def _run(tmp_path, playbook, holder):
     lock.parent.mkdir()
     if holder:
         lock.write_text(holder + "\n")
-    marks = tmp_path / "went-on"
-    marks.mkdir()
-    play = _lock_play(playbook)
-    went_on = {
-        "name": "What comes after the lock",
-        "hosts": "gpu_hosts:edge",
-        "gather_facts": False,
-        "tasks": [{"name": "Mark this host", "ansible.builtin.file": {"path": str(marks) + "/{{ inventory_hostname }}",
-                                                                        "state": "touch", "mode": "0644"}}],
-    }  # fmt: skip
-    (tmp_path / "play.yml").write_text(yaml.safe_dump([play, went_on], sort_keys=False))
-    local = "ansible_connection=local ansible_python_interpreter=%s" % sys.executable
-    (tmp_path / "hosts.ini").write_text(
-        "[gpu_hosts]\nlab-a %s\nlab-b %s\n[edge]\nlab-edge %s\n" % (local, local, local)
-    )
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"),
-         str(tmp_path / "play.yml"), "-e", "_common_libexec=%s" % (tmp_path / "libexec"),
-         "-e", "_common_fleet_lock_file=%s" % lock],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+    proc, went_on = run_play_then_mark(
+        tmp_path, _lock_play(playbook),
+        extra=("-e", "_common_libexec=%s" % (tmp_path / "libexec"), "-e", "_common_fleet_lock_file=%s" % lock),
     )  # fmt: skip
-    return proc, sorted(p.name for p in marks.iterdir()), lock
+    return proc, went_on, lock
 
 
 @pytest.mark.parametrize("playbook", ["playbooks/site.yml", "playbooks/rollout.yml"])

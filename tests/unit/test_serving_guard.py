@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from conftest import run_play_then_mark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path, restarts, *extra):
-    marks = tmp_path / "went-on"
-    marks.mkdir()
     guard = {
         "name": "The guard as site.yml's preflight play runs it",
         "hosts": "gpu_hosts:edge",
@@ -44,27 +40,8 @@ def _run(tmp_path, restarts, *extra):
             },
         ],
     }
-    went_on = {
-        "name": "What comes after the preflight",
-        "hosts": "gpu_hosts:edge",
-        "gather_facts": False,
-        "tasks": [{"name": "Mark this host", "ansible.builtin.file": {"path": str(marks) + "/{{ inventory_hostname }}",
-                                                                        "state": "touch", "mode": "0644"}}],
-    }  # fmt: skip
-    (tmp_path / "play.yml").write_text(yaml.safe_dump([guard, went_on], sort_keys=False))
-    local = "ansible_connection=local ansible_python_interpreter=%s" % sys.executable
-    lines = ["[gpu_hosts]"]
-    for host in ("lab-a", "lab-b"):
-        found = restarts.get(host)
-        lines.append("%s %s%s" % (host, local, " __restarts='%s'" % json.dumps(found) if found is not None else ""))
-    lines += ["[edge]", "lab-edge %s" % local]
-    (tmp_path / "hosts.ini").write_text("\n".join(lines) + "\n")
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"),
-         str(tmp_path / "play.yml"), *extra],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return proc, sorted(p.name for p in marks.iterdir())
+    found = {host: "__restarts='%s'" % json.dumps(names) for host, names in restarts.items()}
+    return run_play_then_mark(tmp_path, guard, found, extra)
 
 
 def test_a_restart_of_serving_engines_stops_every_host_and_names_the_rollout(tmp_path):
