@@ -23,11 +23,11 @@ PATH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def backends(names, hostvars) -> list:
-    """Each backend host as the edge reaches it: {name, address, tls, port, self_signed,
+    """Each backend host as the edge reaches it: {name, address, tls, port, fleet_ca,
     certificate, instances: [{name, model}]} from what its roles published (_published: its
     proxy's port and TLS, the instances that proxy fronts, their served names), its address
-    (edge_address, else ansible_host, else its name) and the certificate its proxy role
-    published (gpufleet_proxy_tls)."""
+    (edge_address, else ansible_host, else its name) and the fleet CA's certificate its proxy
+    role published (gpufleet_proxy_tls) when that CA issued the proxy's."""
     out = []
     for name in names or []:
         hv = hostvars.get(name, {})
@@ -42,7 +42,7 @@ def backends(names, hostvars) -> list:
                 "address": str(hv.get("edge_address") or hv.get("ansible_host") or name),
                 "tls": proxy["tls"],
                 "port": proxy["port"],
-                "self_signed": proxy["self_signed"],
+                "fleet_ca": proxy["fleet_ca"],
                 "certificate": certificate,
                 # the instances its proxy fronts (names and served model names only: never a key)
                 "instances": [
@@ -63,7 +63,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
 
     Returns {errors, warnings, servers: [{name, address, port, down}], backend_tls,
     drained, in_service, held (the rollout's hosts out of service now: what the edge keeps in
-    its file), trust: [PEM], untrusted: [names of self-signed proxies whose certificate is not
+    its file), trust: [the fleet CA's PEM], untrusted: [names of proxies whose fleet CA is not
     known yet], listen_address (plain), public_port}.
     """
     errors, warnings = [], []
@@ -131,14 +131,20 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
     if backend_tls and not tls:
         errors.append(
             "edge_tls=false while the proxies of edge_backend_group=%s use TLS (proxy_tls): clients' keys and prompts "
-            "would reach the edge in clear. Set edge_tls: true (with edge_tls_certificate and "
-            "edge_tls_certificate_key, or edge_tls_self_signed: true for a lab)." % group
+            "would reach the edge in clear. Remove edge_tls: false (TLS is the default, with a certificate from the "
+            "fleet CA)." % group
         )
-    has_files = params.get("tls_certificate") and params.get("tls_certificate_key")
-    if tls and not params.get("tls_self_signed") and not has_files:
+    elif not tls:
+        warnings.append(
+            "edge_tls is false: clients' keys and prompts reach the edge on port %s in clear. Remove edge_tls: false "
+            "(TLS is the default, with a certificate from the fleet CA) unless only a trusted network reaches it."
+            % params.get("listen_port")
+        )
+    if tls and bool(params.get("tls_certificate")) != bool(params.get("tls_certificate_key")):
         errors.append(
-            "edge_tls is on: set edge_tls_certificate and edge_tls_certificate_key (paths on the edge host), or "
-            "edge_tls_self_signed: true for a lab."
+            "edge_tls_certificate=%r and edge_tls_certificate_key=%r: set both (paths on the edge host), or leave both "
+            '"" for a certificate from the fleet CA.'
+            % (params.get("tls_certificate"), params.get("tls_certificate_key"))
         )
     for var in ("listen_port", "tls_port"):
         port = params.get(var)
@@ -151,12 +157,12 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         ipaddress.ip_address(address)
     except (TypeError, ValueError):
         errors.append("edge_listen_address=%r must be an IP address (0.0.0.0 for every interface)." % (address,))
-    # The proxies' self-signed certificates the edge trusts (their proxy role publishes them in
-    # the fact gpufleet_proxy_tls): none on a fresh fleet before the proxies ran, so a missing
+    # The fleet CA the edge verifies the proxies by (their proxy role publishes its certificate
+    # in the fact gpufleet_proxy_tls): none on a fresh fleet before the proxies ran, so a missing
     # one is not a preflight error; the edge's configuration stops on it (untrusted).
     trust, untrusted = [], []
-    if backend_tls and not params.get("backend_tls_ca") and not [h for h in hosts if not h["self_signed"]]:
-        trust = [h["certificate"] for h in hosts if h["certificate"]]
+    if backend_tls and not params.get("backend_tls_ca") and not [h for h in hosts if not h["fleet_ca"]]:
+        trust = sorted({h["certificate"].strip() for h in hosts if h["certificate"]})
         untrusted = [h["name"] for h in hosts if not h["certificate"]]
     servers = [
         {"name": h["name"], "address": h["address"], "port": h["port"], "down": h["name"] in down} for h in hosts

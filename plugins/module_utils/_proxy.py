@@ -172,16 +172,23 @@ def plan_proxy(params, engines, published=None):
         )
     if not SIZE.fullmatch(str(params.get("client_max_body_size"))):
         errors.append("proxy_client_max_body_size=%r must be like 64m." % params.get("client_max_body_size"))
-    if (params.get("tls") and not params.get("tls_self_signed")) and (
-        not params.get("tls_certificate") or not params.get("tls_certificate_key")
-    ):
+    if params.get("tls") and bool(params.get("tls_certificate")) != bool(params.get("tls_certificate_key")):
         errors.append(
-            "proxy_tls is on: set proxy_tls_certificate and proxy_tls_certificate_key (paths on the host), "
-            "or proxy_tls_self_signed: true for a lab."
+            "proxy_tls_certificate=%r and proxy_tls_certificate_key=%r: set both (paths on the host), or leave both "
+            '"" for a certificate from the fleet CA.'
+            % (params.get("tls_certificate"), params.get("tls_certificate_key"))
         )
     tls = bool(params.get("tls"))
+    warnings = []
+    if not tls:
+        warnings.append(
+            "proxy_tls is false: clients' keys and prompts reach this proxy on port %s in clear. Remove "
+            "proxy_tls: false (TLS is the default, with a certificate from the fleet CA) unless only loopback or a "
+            "trusted network reaches it." % params.get("listen_port")
+        )
     return {
         "errors": errors,
+        "warnings": warnings,
         # With TLS on, plain HTTP stays on loopback (local checks); clients and the edge use TLS.
         "plain_listen_address": "127.0.0.1" if tls else params.get("listen_address", "0.0.0.0"),
         "public_ports": [params.get("tls_port")] if tls else [params.get("listen_port")],

@@ -45,15 +45,15 @@ FALLBACK = {
     "proxy": {
         "proxy_listen_port": 8080,
         "proxy_listen_address": "0.0.0.0",
-        "proxy_tls": False,
+        "proxy_tls": True,
         "proxy_tls_port": 8443,
-        "proxy_tls_self_signed": False,
+        "proxy_tls_certificate": "",
         "proxy_monitor_listen": "127.0.0.1:9091",
         "proxy_instances": [],
     },
     "edge": {
         "edge_listen_port": 8080,
-        "edge_tls": False,
+        "edge_tls": True,
         "edge_tls_port": 8443,
         "edge_router_policy": "",
         "edge_router_port": 8090,
@@ -70,7 +70,8 @@ FALLBACK = {
 # the router's system user (the edge role's _edge_router_user, which it publishes)
 ROUTER_USER = "gpufleet-router"
 # 2: the proxy record gained local_address (a cached record of format 1 lacks it)
-FORMAT = 2
+# 3: the proxy record's self_signed became fleet_ca (its certificate from the fleet CA)
+FORMAT = 3
 
 
 def _get(hv, key):
@@ -134,7 +135,8 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
             # rollout's stream check): loopback when TLS keeps plain HTTP there or the site
             # listens on every address, else the one address it listens on
             "local_address": _local_address(tls, settings.get("proxy_listen_address")),
-            "self_signed": tls and _truth(settings.get("proxy_tls_self_signed")),
+            # its certificate comes from the fleet CA (no proxy_tls_certificate given)
+            "fleet_ca": tls and not settings.get("proxy_tls_certificate"),
             "monitor_listen": str(settings.get("proxy_monitor_listen") or ""),
             # the instances it fronts: proxy_instances, else every instance of the host
             "instances": [str(n) for n in settings.get("proxy_instances") or []]

@@ -168,6 +168,7 @@ class Settings:
     json: bool
     turns: int = 1
     turn_tokens: int = 64
+    cacert: str | None = None
 
     def requests_for(self, concurrency: int) -> int | None:
         """Requests to send at one level; None in --duration mode."""
@@ -226,7 +227,24 @@ def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str] = os
         json=args.json,
         turns=args.turns,
         turn_tokens=args.turn_tokens,
+        cacert=_cacert(args.cacert),
     )
+
+
+def _cacert(path: str | None) -> str | None:
+    """--cacert's file, checked before any request: a PEM bundle that Python's ssl loads."""
+    if path is None:
+        return None
+    import ssl
+
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise BenchInputError(
+            "--cacert %s cannot be read as PEM certificates (%s); give the fleet CA's certificate, e.g. "
+            "INVENTORY_DIR/gpufleet-ca.crt" % (path, exc)
+        ) from None
+    return path
 
 
 def _int_at_least(minimum: int):
@@ -318,6 +336,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         metavar="S",
         help="a request that has not finished after S seconds fails (default: 300)",
+    )
+    parser.add_argument(
+        "--cacert",
+        metavar="FILE",
+        help="trust the certificates in FILE for an https URL, e.g. the fleet CA's certificate that site.yml copies "
+        "to INVENTORY_DIR/gpufleet-ca.crt (default: the system's, or $SSL_CERT_FILE)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
@@ -714,8 +738,14 @@ async def bench(settings: Settings, progress=None) -> Report:
 
     timeout = openai.Timeout(settings.timeout, connect=min(10.0, settings.timeout))
     # max_retries=0: a retried request would hide a failure and stretch the latency it reports.
+    extra = {}
+    if settings.cacert:
+        import ssl
+
+        # the client's own default HTTP client (its timeouts and limits), trusting the given CA
+        extra["http_client"] = openai.DefaultAsyncHttpxClient(verify=ssl.create_default_context(cafile=settings.cacert))
     async with openai.AsyncOpenAI(
-        api_key=settings.api_key or "none", base_url=settings.base_url, timeout=timeout, max_retries=0
+        api_key=settings.api_key or "none", base_url=settings.base_url, timeout=timeout, max_retries=0, **extra
     ) as client:
         model = await choose_model(client, settings)
         features = await probe(client, settings, model)

@@ -28,7 +28,7 @@ from gpufleet._collection import locate_collection
 from gpufleet.runner import RunRequest, cache_dir, run_playbook, run_status
 
 HOSTS = {"gpufleet-demo-demo-gpu": "demo-gpu"}
-PROXY_PORT = 8080
+PROXY_PORT = 8443  # the proxy's TLS port (proxy_tls_port)
 MODEL = "tiny-llama"
 
 
@@ -77,19 +77,34 @@ def _key() -> str:
 
 
 def endpoint() -> str | None:
-    """http://ADDRESS:8080 of the demo host's proxy on the lab network, or None when it is not running."""
+    """https://ADDRESS:8443 of the demo host's proxy on the lab network, or None when it is not running."""
     (container,) = HOSTS
     proc = _docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", container)
     address = proc.stdout.strip()
-    return "http://%s:%d" % (address, PROXY_PORT) if proc.returncode == 0 and address else None
+    return "https://%s:%d" % (address, PROXY_PORT) if proc.returncode == 0 and address else None
 
 
-def stream_answer(base_url: str, key: str, prompt: str, out=None) -> str:
-    """Stream one chat completion through the proxy with the OpenAI client; returns the text."""
-    from openai import OpenAI
+def ca_file() -> Path:
+    """The fleet CA's certificate, which site.yml copies here (gpufleet_tls_ca_copy): clients trust it."""
+    return state_dir() / "ca.crt"
+
+
+def stream_answer(base_url: str, key: str, prompt: str, out=None, cacert: Path | None = None) -> str:
+    """Stream one chat completion through the proxy with the OpenAI client, trusting `cacert`;
+    returns the text."""
+    import ssl
+
+    from openai import DefaultHttpxClient, OpenAI
 
     out = out or sys.stdout
-    client = OpenAI(base_url=base_url + "/v1", api_key=key, max_retries=2, timeout=120)
+    verify = ssl.create_default_context(cafile=str(cacert)) if cacert else True
+    client = OpenAI(
+        base_url=base_url + "/v1",
+        api_key=key,
+        max_retries=2,
+        timeout=120,
+        http_client=DefaultHttpxClient(verify=verify),
+    )
     text = []
     out.write("> ")
     stream = client.chat.completions.create(
@@ -114,7 +129,7 @@ def _cli() -> str:
 
 def ready_screen(url: str, key: str, took: float) -> str:
     """What `demo up` ends with: the endpoint, the key, a curl line and the next commands."""
-    cli, keyfile = _cli(), state_dir() / "key"
+    cli, keyfile, ca = _cli(), state_dir() / "key", ca_file()
     body = '{"model": "%s", "messages": [{"role": "user", "content": "Hello"}], "stream": true}' % MODEL
     return "\n".join(
         [
@@ -122,10 +137,11 @@ def ready_screen(url: str, key: str, took: float) -> str:
             "The demo is up (%.0f s)." % took,
             "  endpoint  %s/v1  (OpenAI-compatible; model %s)" % (url, MODEL),
             "  key       %s  (kept in %s)" % (key, keyfile),
-            "  try       curl -N %s/v1/chat/completions -H 'Authorization: Bearer %s' "
-            "-H 'Content-Type: application/json' -d '%s'" % (url, key, body),
+            "  ca        %s  (the demo fleet's CA: TLS is verified against it)" % ca,
+            "  try       curl -N --cacert %s %s/v1/chat/completions -H 'Authorization: Bearer %s' "
+            "-H 'Content-Type: application/json' -d '%s'" % (ca, url, key, body),
             "  status    %s demo status" % cli,
-            "  bench     GPUFLEET_API_KEY=$(cat %s) %s bench %s" % (keyfile, cli, url),
+            "  bench     GPUFLEET_API_KEY=$(cat %s) %s bench --cacert %s %s" % (keyfile, cli, ca, url),
             "  remove    %s demo down" % cli,
         ]
     )
@@ -158,6 +174,8 @@ def up(verbose: int = 0) -> int:
         "gpufleet_demo_archive": "/srv/gpufleet-lab/images/" + archive,
         "gpufleet_demo_model": "/srv/gpufleet-lab/models/" + model,
         "gpufleet_demo_key": key,
+        # the fleet CA's certificate for this machine's clients (the stream below, curl, bench)
+        "gpufleet_tls_ca_copy": str(ca_file()),
         # the lab's ulimits (tests/lab/lab_vars.yml): the demo host's Docker cannot grant more
         **lab.lab_vars(),
     }
@@ -179,7 +197,7 @@ def up(verbose: int = 0) -> int:
         "noise: the demo shows the path (proxy, engine, stream), not a model." % url
     )
     try:
-        stream_answer(url, key, "Say hello to a new gpufleet user.")
+        stream_answer(url, key, "Say hello to a new gpufleet user.", cacert=ca_file())
     except Exception as exc:  # the client's errors: connection, HTTP status, timeout
         _say(
             "site.yml passed but the stream through %s failed (%s: %s); `gpufleet demo status` shows the engine"
@@ -204,7 +222,7 @@ def down() -> int:
             users = _docker("network", "inspect", "-f", "{{len .Containers}}", "gpufleet-lab").stdout.strip()
             if users == "0":
                 _docker("network", "rm", "gpufleet-lab")
-    for name in ("state.json", "key"):
+    for name in ("state.json", "key", "ca.crt"):
         (state_dir() / name).unlink(missing_ok=True)
     _say("removed (the model and image archives stay in the machine's cache, ~/.cache/gpufleet/lab)")
     return 0

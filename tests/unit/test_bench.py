@@ -52,6 +52,7 @@ class EngineStandIn:
         send_usage: bool = True,
         api_key: str | None = None,
         model: str = "stand-in-model",
+        tls=None,
     ) -> None:
         self.first_delay = first_delay
         self.gap = gap
@@ -65,12 +66,16 @@ class EngineStandIn:
         self.lock = threading.Lock()
         self.counted = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.scheme = "http"
+        if tls is not None:  # an ssl.SSLContext for the server side: the stand-in speaks HTTPS
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def url(self) -> str:
-        return "http://127.0.0.1:%d" % self.server.server_address[1]
+        return "%s://127.0.0.1:%d" % (self.scheme, self.server.server_address[1])
 
     def __enter__(self) -> EngineStandIn:
         self.thread.start()
@@ -404,6 +409,61 @@ def test_duration_mode_runs_until_the_deadline(capsys, monkeypatch):
     (level,) = report["levels"]
     assert level["requests"] >= 4 and level["failed"] == 0
     assert level["duration_s"] >= 0.4
+
+
+def _ca_and_server_context(tmp_path):
+    """A CA and a certificate it signed for 127.0.0.1 (made with cryptography, as the fleet CA
+    is): the CA's PEM path and the server's ssl context."""
+    import datetime
+    import ipaddress
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(2).not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    pem = serialization.Encoding.PEM
+    (tmp_path / "ca.crt").write_bytes(ca.public_bytes(pem))
+    (tmp_path / "host.crt").write_bytes(cert.public_bytes(pem))
+    (tmp_path / "host.key").write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp_path / "host.crt", tmp_path / "host.key")
+    return tmp_path / "ca.crt", server
+
+
+def test_cacert_trusts_the_fleet_ca_for_an_https_endpoint(capsys, monkeypatch, tmp_path):
+    ca, server = _ca_and_server_context(tmp_path)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    with EngineStandIn(first_delay=0.0, gap=0.0, tls=server) as engine:
+        assert engine.url.startswith("https://")
+        argv = [engine.url, "--requests", "2", "--output-tokens", "3"]
+        rc, report, _ = run_json([*argv, "--cacert", str(ca)], capsys, monkeypatch)
+        assert rc == 0 and report["levels"][0]["ok"] == 2
+        # without it the certificate is not trusted: the run stops, naming the URL
+        rc, report, err = run_json(argv, capsys, monkeypatch)
+        assert rc == 1 and report is None and "cannot reach %s/v1" % engine.url in err
+    # a file that is not PEM is named before any request
+    (tmp_path / "junk.crt").write_text("not a certificate\n")
+    rc, _, err = run_json([engine.url, "--cacert", str(tmp_path / "junk.crt")], capsys, monkeypatch)
+    assert rc == 1 and "--cacert %s cannot be read as PEM certificates" % (tmp_path / "junk.crt") in err
 
 
 def test_unreachable_url_exits_1_naming_it(capsys, monkeypatch):

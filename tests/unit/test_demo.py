@@ -15,11 +15,15 @@ from gpufleet import demo
 def test_ready_screen_gives_a_curl_line_that_parses_and_commands_that_run(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(demo.shutil, "which", lambda name: None)  # a fresh clone: .venv not activated
-    screen = demo.ready_screen("http://172.18.0.2:8080", "k-123", 53.4)
+    screen = demo.ready_screen("https://172.18.0.2:8443", "k-123", 53.4)
     lines = {line.split()[0]: line.split(None, 1)[1] for line in screen.strip().splitlines()[1:]}
     curl = shlex.split(lines["try"])
-    assert curl[:3] == ["curl", "-N", "http://172.18.0.2:8080/v1/chat/completions"]
+    ca = str(tmp_path / "gpufleet" / "demo" / "ca.crt")
+    # TLS verified against the demo fleet's CA, which site.yml copied beside the key
+    assert curl[:5] == ["curl", "-N", "--cacert", ca, "https://172.18.0.2:8443/v1/chat/completions"]
     assert "Authorization: Bearer k-123" in curl and '"stream": true' in curl[-1]
+    bench = shlex.split(lines["bench"])
+    assert bench[-4:] == ["bench", "--cacert", ca, "https://172.18.0.2:8443"] and lines["ca"].startswith(ca)
     cli = str(Path(sys.executable).parent / "gpufleet")
     assert lines["status"] == "%s demo status" % cli and lines["remove"] == "%s demo down" % cli
     assert str(tmp_path / "gpufleet" / "demo" / "key") in lines["key"] and "(53 s)" in screen

@@ -19,8 +19,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._status import bu
 
 ROOT = Path(__file__).resolve().parents[2]
 
-EDGE = {"backend_group": "gpu_hosts", "drained": [], "listen_port": 8080, "listen_address": "0.0.0.0", "tls": False,
-        "tls_port": 8443, "tls_self_signed": False, "tls_certificate": "", "tls_certificate_key": ""}  # fmt: skip
+# the edge role's defaults: TLS on, the certificate from the fleet CA
+EDGE = {"backend_group": "gpu_hosts", "drained": [], "listen_port": 8080, "listen_address": "0.0.0.0", "tls": True,
+        "tls_port": 8443, "tls_certificate": "", "tls_certificate_key": ""}  # fmt: skip
 PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
 
 
@@ -29,11 +30,17 @@ def hosts(*names, **over):
 
 
 def test_backends_read_each_hosts_proxy_settings_with_the_proxy_roles_defaults():
-    b = {"edge_address": "b.lan", "proxy_tls": True, "gpufleet_proxy_tls": {"certificate": PEM}}
-    got = backends(["a", "b"], {"a": {"ansible_host": "10.0.0.1"}, "b": b})
-    assert got[0] == {"name": "a", "address": "10.0.0.1", "tls": False, "port": 8080, "self_signed": False,
+    b = {"edge_address": "b.lan", "gpufleet_proxy_tls": {"certificate": PEM}}
+    c = {"proxy_tls": False}
+    got = backends(["a", "b", "c", "d"], {"a": {"ansible_host": "10.0.0.1"}, "b": b, "c": c,
+                                          "d": {"proxy_tls_certificate": "/etc/ssl/d.pem"}})  # fmt: skip
+    # TLS by default, with a certificate from the fleet CA (its CA not published yet)
+    assert got[0] == {"name": "a", "address": "10.0.0.1", "tls": True, "port": 8443, "fleet_ca": True,
                       "certificate": "", "instances": []}  # fmt: skip
     assert got[1]["address"] == "b.lan" and got[1]["port"] == 8443 and got[1]["certificate"] == PEM
+    # the explicit opt-out, and an operator's own certificate
+    assert (got[2]["tls"], got[2]["port"], got[2]["fleet_ca"]) == (False, 8080, False)
+    assert (got[3]["tls"], got[3]["port"], got[3]["fleet_ca"]) == (True, 8443, False)
 
 
 def test_the_rollout_batch_is_drained_beside_the_edges_own_drained_hosts():
@@ -89,9 +96,9 @@ def test_the_last_backend_in_service_is_never_drained():
     [
         ({"drained": ["x"]}, {}, ["edge_drained=['x'] lists x, not in edge_backend_group=gpu_hosts"]),
         ({"drained": ["a", "b"]}, {}, ["takes every host of edge_backend_group=gpu_hosts out of service"]),
-        ({}, {"proxy_tls": True, "proxy_tls_self_signed": True}, ["edge_tls=false while the proxies", "in clear"]),
-        ({"tls": True}, {}, ["edge_tls is on: set edge_tls_certificate"]),
-        ({"tls": True, "tls_self_signed": True, "tls_port": 8080}, {}, ["edge_tls_port=8080 is also edge_listen_port"]),
+        ({"tls": False}, {}, ["edge_tls=false while the proxies", "in clear", "Remove edge_tls: false"]),
+        ({"tls_certificate": "/c.pem"}, {}, ["edge_tls_certificate='/c.pem' and edge_tls_certificate_key=''"]),
+        ({"tls_port": 8080}, {}, ["edge_tls_port=8080 is also edge_listen_port"]),
         ({"listen_address": "every"}, {}, ["edge_listen_address='every' must be an IP address"]),
     ],
 )  # fmt: skip
@@ -102,24 +109,35 @@ def test_bad_edge_settings_are_named(over, backend, words):
 
 
 def test_mixed_tls_behind_one_edge_is_refused():
-    mixed = backends(["a", "b"], {"a": {"proxy_tls": True}, "b": {}})
-    text = " ".join(plan_edge(dict(EDGE, tls=True, tls_self_signed=True), mixed)["errors"])
+    mixed = backends(["a", "b"], {"a": {}, "b": {"proxy_tls": False}})
+    text = " ".join(plan_edge(EDGE, mixed)["errors"])
     assert "mixes proxies with and without TLS (proxy_tls on a, off on b)" in text
 
 
-def test_a_self_signed_proxy_not_seen_yet_is_named_not_refused_at_preflight():
-    # a fresh fleet: the proxies' certificates do not exist before their role runs
-    tls = hosts("a", "b", proxy_tls=True, proxy_tls_self_signed=True)
-    plan = plan_edge(dict(EDGE, tls=True, tls_self_signed=True), tls)
+def test_a_proxy_whose_fleet_ca_is_not_seen_yet_is_named_not_refused_at_preflight():
+    # a fresh fleet: the fleet CA does not exist before the proxies' role runs
+    plan = plan_edge(EDGE, hosts("a", "b"))
     assert plan["errors"] == [] and plan["untrusted"] == ["a", "b"] and plan["trust"] == []
 
 
-def test_tls_backends_are_trusted_by_their_published_certificates():
-    tls = hosts("a", "b", proxy_tls=True, proxy_tls_self_signed=True, gpufleet_proxy_tls={"certificate": PEM})
-    plan = plan_edge(dict(EDGE, tls=True, tls_self_signed=True), tls)
-    assert plan["errors"] == [] and plan["backend_tls"] is True
-    assert plan["trust"] == [PEM, PEM] and [s["port"] for s in plan["servers"]] == [8443, 8443]
+def test_tls_backends_are_verified_by_the_fleet_ca_their_proxies_published():
+    tls = hosts("a", "b", gpufleet_proxy_tls={"certificate": PEM + "\n"})
+    plan = plan_edge(EDGE, tls)
+    assert plan["errors"] == [] and plan["warnings"] == [] and plan["backend_tls"] is True
+    # one CA for the fleet: trusted once
+    assert plan["trust"] == [PEM] and [s["port"] for s in plan["servers"]] == [8443, 8443]
     assert plan["listen_address"] == "127.0.0.1" and plan["public_port"] == 8443
+    # proxies with operator certificates: the edge trusts edge_backend_tls_ca or the system's bundle, not the record
+    own = plan_edge(
+        EDGE, hosts("a", "b", proxy_tls_certificate="/etc/ssl/p.pem", gpufleet_proxy_tls={"certificate": ""})
+    )
+    assert own["trust"] == [] and own["untrusted"] == []
+
+
+def test_plain_http_is_an_explicit_opt_out_with_a_warning():
+    plain = plan_edge(dict(EDGE, tls=False), hosts("a", "b", proxy_tls=False))
+    assert plain["errors"] == [] and plain["backend_tls"] is False and plain["public_port"] == 8080
+    assert "edge_tls is false: clients' keys and prompts reach the edge on port 8080 in clear" in plain["warnings"][0]
 
 
 ROUTER = dict(EDGE, router_policy="cache_aware", router_port=8090, router_backend_port=8091, router_metrics_port=9097)
@@ -189,18 +207,20 @@ def firewall(roles=("gpu_host",), host=None, **params):
 
 
 def test_a_gpu_host_opens_ssh_and_its_proxys_public_port_only():
-    assert firewall()["ports"] == [22, 8080]
-    # TLS on: the plain port stays on loopback, only the TLS port is open
-    assert firewall(host={"proxy_tls": True})["ports"] == [22, 8443]
+    # TLS on (the default): the plain port stays on loopback, only the TLS port is open
+    assert firewall()["ports"] == [22, 8443]
+    # the explicit opt-out: the plain port
+    assert firewall(host={"proxy_tls": False})["ports"] == [22, 8080]
     # a host without engines runs no proxy
     assert firewall(host={"gpufleet_engines": []})["ports"] == [22]
     # an edge host opens the edge's port
-    assert firewall(roles=("edge",), host={"gpufleet_engines": [], "edge_tls": True})["ports"] == [22, 8443]
+    assert firewall(roles=("edge",), host={"gpufleet_engines": []})["ports"] == [22, 8443]
+    assert firewall(roles=("edge",), host={"gpufleet_engines": [], "edge_tls": False})["ports"] == [22, 8080]
 
 
 def test_the_monitoring_listener_opens_to_the_monitoring_hosts_only():
     # on loopback (the default): nothing to open
-    assert firewall(monitoring_sources=["10.0.9.1"])["ports"] == [22, 8080]
+    assert firewall(monitoring_sources=["10.0.9.1"])["ports"] == [22, 8443]
     plan = firewall(host={"proxy_monitor_listen": "0.0.0.0:9091"}, monitoring_sources=["10.0.9.1", "fd00::1"])
     rule = next(r for r in plan["rules"] if r["port"] == 9091)
     assert rule["v4"] == ["10.0.9.1/32"] and rule["v6"] == ["fd00::1/128"]
@@ -212,17 +232,17 @@ def test_the_exporters_open_to_the_monitoring_hosts_only():
     mon = ["10.0.9.1"]
     # a gpu host with engines: node, nginx and DCGM exporters, each to the monitoring host only
     plan = firewall(roles=("gpu_host", "exporters"), monitoring_sources=mon)
-    assert plan["ports"] == [22, 8080, 9100, 9113, 9400]
+    assert plan["ports"] == [22, 8443, 9100, 9113, 9400]
     assert all(r["sources"] == ["10.0.9.1/32"] for r in plan["rules"] if r["port"] in (9100, 9113, 9400))
     # an edge host: no DCGM; a gpu host without engines: no nginx
     assert firewall(roles=("edge", "exporters"), host={"gpufleet_engines": []}, monitoring_sources=mon)["ports"] == [
-        22, 8080, 9100, 9113]  # fmt: skip
+        22, 8443, 9100, 9113]  # fmt: skip
     assert firewall(roles=("gpu_host", "exporters"), host={"gpufleet_engines": []}, monitoring_sources=mon)[
         "ports"] == [22, 9100, 9400]  # fmt: skip
     # the host's own ports; none at all without monitoring hosts
     plan = firewall(roles=("gpu_host", "exporters"), host={"exporters_node_port": 9200}, monitoring_sources=mon)
     assert 9200 in plan["ports"] and 9100 not in plan["ports"]
-    assert firewall(roles=("gpu_host", "exporters"))["ports"] == [22, 8080]
+    assert firewall(roles=("gpu_host", "exporters"))["ports"] == [22, 8443]
     bad = firewall(roles=("gpu_host", "exporters"), host={"exporters_dcgm_port": "x"}, monitoring_sources=mon)
     assert "exporters_dcgm_port='x' must be a port number." in bad["errors"]
 

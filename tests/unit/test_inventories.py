@@ -95,7 +95,7 @@ def test_every_host_plans_against_its_hardware(host, capsys):
     pv = dict(yaml.safe_load((ROOT / "roles" / "proxy" / "defaults" / "main.yml").read_text()), **hv)
     keys = ("listen_port", "instances", "endpoints", "api_keys", "rate_limit", "client_max_body_size", "read_timeout",
             "send_timeout", "upstream_keepalive_timeout", "tls", "tls_port", "tls_certificate", "tls_certificate_key",
-            "tls_self_signed", "monitor_listen")  # fmt: skip
+            "monitor_listen")  # fmt: skip
     if hv["gpufleet_engines"]:  # a multi-node worker alone has no proxy (site.yml gives it none)
         proxy = plan_proxy({k: pv["proxy_" + k] for k in keys}, hv["gpufleet_engines"])
         assert proxy["errors"] == [], proxy["errors"]

@@ -72,7 +72,11 @@ def test_replicas_balance_with_one_engine_key():
         ({"instances": ["r3"]}, ENGINES, ["proxy_instances: 'r3' is not an instance"]),
         ({}, [dict(ENGINES[0]), dict(ENGINES[1], served_model_name="llama")], ["serve different models"]),
         ({}, [dict(ENGINES[0]), dict(ENGINES[1], api_key="f" * 40)], ["different api_key values"]),
-        ({"tls": True}, ENGINES, ["proxy_tls is on: set proxy_tls_certificate"]),
+        (
+            {"tls": True, "tls_certificate": "/c.pem", "tls_certificate_key": ""},
+            ENGINES,
+            ["proxy_tls_certificate='/c.pem' and proxy_tls_certificate_key='': set both"],
+        ),
         ({"rate_limit": "20/s"}, ENGINES, ["proxy_rate_limit='20/s'"]),
         ({"read_timeout": "ten minutes"}, ENGINES, ["proxy_read_timeout='ten minutes'"]),
     ],
@@ -84,6 +88,15 @@ def test_bad_settings_are_named(over, engines, words):
         assert word in text
     for entry in params(**over)["api_keys"]:
         assert entry["key"] not in text  # a key is never echoed
+
+
+def test_plain_http_is_an_explicit_opt_out_with_a_warning():
+    assert plan_proxy(params(tls=True), ENGINES)["warnings"] == []
+    plain = plan_proxy(params(tls=False), ENGINES)
+    assert plain["errors"] == [] and plain["public_ports"] == [8080]
+    assert (
+        "proxy_tls is false: clients' keys and prompts reach this proxy on port 8080 in clear" in plain["warnings"][0]
+    )
 
 
 def test_filter_is_the_planner():
