@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._published import published
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import published, tls_names_errors
 
 DURATION_UNITS = ("ms", "s", "m", "h", "d")
 # vllm-router's load balancing policies that route a request to one replica on its own (its PD
@@ -146,6 +146,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
             '"" for a certificate from the fleet CA.'
             % (params.get("tls_certificate"), params.get("tls_certificate_key"))
         )
+    errors += tls_names_errors("edge_tls_names", params.get("tls_names", []))
     for var in ("listen_port", "tls_port"):
         port = params.get(var)
         if var in params and (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535):
@@ -161,6 +162,14 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
     # in the fact gpufleet_proxy_tls): none on a fresh fleet before the proxies ran, so a missing
     # one is not a preflight error; the edge's configuration stops on it (untrusted).
     trust, untrusted = [], []
+    fleet = [h["name"] for h in hosts if h["fleet_ca"]]
+    if backend_tls and not params.get("backend_tls_ca") and fleet and len(fleet) < len(hosts):
+        errors.append(
+            "edge_backend_group=%s mixes proxies with certificates from the fleet CA (%s) and their own "
+            "(proxy_tls_certificate on %s): the edge verifies them against one bundle. Set edge_backend_tls_ca to a "
+            "file on the edge host holding both CAs, or give every proxy the same kind."
+            % (group, ", ".join(fleet), ", ".join(h["name"] for h in hosts if not h["fleet_ca"]))
+        )
     if backend_tls and not params.get("backend_tls_ca") and not [h for h in hosts if not h["fleet_ca"]]:
         trust = sorted({h["certificate"].strip() for h in hosts if h["certificate"]})
         untrusted = [h["name"] for h in hosts if not h["certificate"]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import local_address
-from ansible_collections.gpufleet.serving.plugins.module_utils._published import FORMAT, publish
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import FORMAT, publish, tls_names_errors
 
 KEY_CHARS = re.compile(r"^[A-Za-z0-9._~+/=-]+$")
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -178,6 +178,7 @@ def plan_proxy(params, engines, published=None):
             '"" for a certificate from the fleet CA.'
             % (params.get("tls_certificate"), params.get("tls_certificate_key"))
         )
+    errors += tls_names_errors("proxy_tls_names", params.get("tls_names", []))
     tls = bool(params.get("tls"))
     warnings = []
     if not tls:

@@ -28,6 +28,9 @@ or add the host) to move both together.
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import is_type, normalized
@@ -72,6 +75,29 @@ ROUTER_USER = "gpufleet-router"
 # 2: the proxy record gained local_address (a cached record of format 1 lacks it)
 # 3: the proxy record's self_signed became fleet_ca (its certificate from the fleet CA)
 FORMAT = 3
+
+
+# a DNS name (a leading *. allowed) or an IP address, as a certificate's subject alternative name
+TLS_NAME = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*$")
+
+
+def tls_names_errors(var, names) -> list:
+    """The errors of VAR (proxy_tls_names, edge_tls_names): a list of DNS names or addresses."""
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return ["%s=%r must be a list of DNS names or addresses." % (var, names)]
+    bad = []
+    for name in names:
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            if not TLS_NAME.fullmatch(name) or len(name) > 253:
+                bad.append(name)
+    if bad:
+        return [
+            "%s lists %s: not a DNS name or an IP address; give the names clients reach the host by, e.g. "
+            "llm.example.com or 203.0.113.7." % (var, ", ".join(repr(b) for b in bad))
+        ]
+    return []
 
 
 def _get(hv, key):

@@ -615,6 +615,17 @@ async def run_level(
 
 
 def _unreachable(settings: Settings, exc: BaseException) -> BenchInputError:
+    import ssl
+
+    seen, cause = 0, exc
+    while cause is not None and seen < 10 and not isinstance(cause, ssl.SSLCertVerificationError):
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return BenchInputError(
+            "cannot reach %s: its TLS certificate is not trusted (%s); pass the CA that issued it with --cacert, e.g. "
+            "the fleet CA's certificate that site.yml copies to INVENTORY_DIR/gpufleet-ca.crt"
+            % (settings.base_url, cause.verify_message or cause)
+        )
     return BenchInputError(
         "cannot reach %s (%s); check the URL and that the engine and its proxy are running"
         % (settings.base_url, _error_text(exc, settings.api_key))
@@ -638,7 +649,7 @@ async def choose_model(client: Any, settings: Settings) -> str:
     except openai.APIStatusError as exc:
         raise BenchInputError(
             "%s answered HTTP %d to GET /models; give the endpoint's OpenAI-compatible base URL, e.g. "
-            "http://HOST:PORT or http://HOST:PORT/v1" % (settings.base_url, exc.status_code)
+            "https://HOST:8443 or https://HOST:8443/v1" % (settings.base_url, exc.status_code)
         ) from None
     except openai.APIConnectionError as exc:
         raise _unreachable(settings, exc) from None

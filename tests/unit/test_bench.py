@@ -459,7 +459,10 @@ def test_cacert_trusts_the_fleet_ca_for_an_https_endpoint(capsys, monkeypatch, t
         assert rc == 0 and report["levels"][0]["ok"] == 2
         # without it the certificate is not trusted: the run stops, naming the URL
         rc, report, err = run_json(argv, capsys, monkeypatch)
-        assert rc == 1 and report is None and "cannot reach %s/v1" % engine.url in err
+        assert (
+            rc == 1 and report is None and "cannot reach %s/v1: its TLS certificate is not trusted" % engine.url in err
+        )
+        assert "--cacert" in err and "gpufleet-ca.crt" in err
     # a file that is not PEM is named before any request
     (tmp_path / "junk.crt").write_text("not a certificate\n")
     rc, _, err = run_json([engine.url, "--cacert", str(tmp_path / "junk.crt")], capsys, monkeypatch)

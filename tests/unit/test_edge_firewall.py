@@ -99,6 +99,8 @@ def test_the_last_backend_in_service_is_never_drained():
         ({"tls": False}, {}, ["edge_tls=false while the proxies", "in clear", "Remove edge_tls: false"]),
         ({"tls_certificate": "/c.pem"}, {}, ["edge_tls_certificate='/c.pem' and edge_tls_certificate_key=''"]),
         ({"tls_port": 8080}, {}, ["edge_tls_port=8080 is also edge_listen_port"]),
+        ({"tls_names": ["llm.example.com", "bad name;"]}, {}, ["edge_tls_names lists 'bad name;': not a DNS name"]),
+        ({"tls_names": "llm.example.com"}, {}, ["edge_tls_names='llm.example.com' must be a list"]),
         ({"listen_address": "every"}, {}, ["edge_listen_address='every' must be an IP address"]),
     ],
 )  # fmt: skip
@@ -131,7 +133,13 @@ def test_tls_backends_are_verified_by_the_fleet_ca_their_proxies_published():
     own = plan_edge(
         EDGE, hosts("a", "b", proxy_tls_certificate="/etc/ssl/p.pem", gpufleet_proxy_tls={"certificate": ""})
     )
-    assert own["trust"] == [] and own["untrusted"] == []
+    assert own["errors"] == [] and own["trust"] == [] and own["untrusted"] == []
+    # a mix would be verified against the system's bundle alone, and the fleet CA's proxies would fail: refused
+    mixed = backends(["a", "b"], {"a": {"gpufleet_proxy_tls": {"certificate": PEM}},
+                                  "b": {"proxy_tls_certificate": "/etc/ssl/b.pem"}})  # fmt: skip
+    text = " ".join(plan_edge(EDGE, mixed)["errors"])
+    assert "mixes proxies with certificates from the fleet CA (a) and their own (proxy_tls_certificate on b)" in text
+    assert plan_edge(dict(EDGE, backend_tls_ca="/etc/ssl/both.pem"), mixed)["errors"] == []
 
 
 def test_plain_http_is_an_explicit_opt_out_with_a_warning():

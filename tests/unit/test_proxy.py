@@ -78,6 +78,11 @@ def test_replicas_balance_with_one_engine_key():
             ["proxy_tls_certificate='/c.pem' and proxy_tls_certificate_key='': set both"],
         ),
         ({"rate_limit": "20/s"}, ENGINES, ["proxy_rate_limit='20/s'"]),
+        (
+            {"tls_names": ["gpu.example.com", "10.0.0.5", "*.gpu.example.com", "-x-"]},
+            ENGINES,
+            ["proxy_tls_names lists '-x-': not a DNS name or an IP address"],
+        ),
         ({"read_timeout": "ten minutes"}, ENGINES, ["proxy_read_timeout='ten minutes'"]),
     ],
 )
