@@ -111,6 +111,9 @@ DEFAULT_CONCURRENCY = 8
 # The context the plan will not shrink below when it chooses max_model_len itself (capped
 # by the model): shorter than 8k is of little use for chat and RAG endpoints.
 MIN_CONTEXT = 8192
+# The shortest context a suggestion may offer (gpufleet plan's "what would fit"): below it a
+# plan fits but serves no real request (issue 33: "max_model_len 208" for a 7B on 12 GiB).
+USEFUL_CONTEXT = 4096
 
 # What a plan can be pinned with: every engine option the plan knows (either engine's name
 # of it: _engine_options.OPTIONS, those with a plan_key), and these, which only the planner reads.
@@ -749,8 +752,11 @@ def _what_would_fit(config, result, gpus, gpu_memory_bytes, engine, nodes, pins,
     """One sentence for a plan that does not fit: what does, computed by planning again with
     more nodes of the same GPUs (up to 4x as many), FP8 weights (vLLM's online quantization of a
     16-bit checkpoint), an FP8 KV cache where the weights fit but the KV cache does not, and the
-    longest context that fits as it is."""
+    longest context that fits as it is. A way that serves no full-length request at a useful
+    context (USEFUL_CONTEXT tokens, or the model's own context when that is shorter) is left out:
+    it fits, but nobody could use it."""
     fixes = []
+    useful = min(USEFUL_CONTEXT, model_max_len(config, pins.get("rope_scaling")) or USEFUL_CONTEXT)
 
     def plan(nodes_, **more):
         again = dict(pins, **more)
@@ -771,13 +777,13 @@ def _what_would_fit(config, result, gpus, gpu_memory_bytes, engine, nodes, pins,
     most = 4 * nodes
     for n in range(nodes + 1, most + 1):
         p = plan(n)
-        if p["fits"]:
+        if p["fits"] and p["max_model_len"] >= useful:
             fixes.append("%d nodes of %d GPUs (%s)" % (n, gpus, figures(p)))
             break
     on = "on %d node%s" % (nodes, "s" if nodes > 1 else "")
     if result["quantization"] is None and pins.get("quantization") in (None, "auto"):
         p = plan(nodes, quantization="fp8")
-        if p["fits"]:
+        if p["fits"] and p["max_model_len"] >= useful:
             fixes.append("quantization fp8 %s (FP8 weights, %s)" % (on, figures(p)))
     if (
         result["level"] == 1
@@ -785,15 +791,16 @@ def _what_would_fit(config, result, gpus, gpu_memory_bytes, engine, nodes, pins,
         and result["dtype"] in ("bfloat16", "float16")
     ):
         p = plan(nodes, kv_cache_dtype="fp8")
-        if p["fits"]:
+        if p["fits"] and p["max_model_len"] >= useful:
             fixes.append("kv_cache_dtype fp8 %s (%s)" % (on, figures(p)))
-    if result["level"] == 1 and result["kv_cache_tokens"] >= result["block_size"]:
+    if result["level"] == 1 and result["kv_cache_tokens"] >= max(result["block_size"], useful):
         fixes.append("max_model_len %d or less %s" % (result["kv_cache_tokens"], on))
     if fixes:
         return "What would fit: %s." % "; or ".join(fixes)
     return (
-        "Nothing the plan tried fits: not %d to %d nodes of %d GPUs%s; use GPUs with more memory, or a smaller or "
-        "quantized model." % (nodes, most, gpus, ", nor FP8 weights" if result["quantization"] is None else "")
+        "Nothing the plan tried fits with a context of %d tokens or more: not %d to %d nodes of %d GPUs%s; use GPUs "
+        "with more memory, or a smaller or quantized model."
+        % (useful, nodes, most, gpus, ", nor FP8 weights" if result["quantization"] is None else "")
     )
 
 

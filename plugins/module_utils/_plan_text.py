@@ -167,13 +167,16 @@ def _header(plan) -> List[str]:
     if plan.get("gpu_memory_bytes") and plan.get("weights_bytes_per_gpu") is not None:
         parts = memory_parts(plan)
         total = plan["gpu_memory_bytes"]
-        over = sum(value for letter, _name, value in parts if letter != ".") - total
+        # one figure for what is missing, the plan's own where it has one (its errors say the same)
+        short = plan.get("shortfall_bytes_per_gpu") or (
+            sum(value for letter, _name, value in parts if letter != ".") - total
+        )
         lines.append(
             "per GPU    %s %.2f GiB%s"
             % (
                 memory_bar(parts, total),
                 total / GIB,
-                ", over by %.2f GiB ('|' is the GPU's end)" % (over / GIB) if over > 0 else "",
+                ", short by %.2f GiB ('|' is the GPU's end)" % (short / GIB) if short > 0 else "",
             )
         )
         lines.append("           " + " | ".join("%s %s %.2f" % (c, name, value / GIB) for c, name, value in parts))

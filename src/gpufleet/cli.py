@@ -15,6 +15,7 @@ from typing import Any
 
 from gpufleet import __version__
 from gpufleet._collection import CollectionNotFoundError, ensure_importable
+from gpufleet.plan_schema import SCHEMA_VERSION as PLAN_SCHEMA
 
 # The files `gpufleet gpu capture` writes, and the nvidia-smi command behind each one.
 # The same names are used by the lab's nvidia-smi hardware stand-in and the test fixtures.
@@ -132,9 +133,7 @@ def _read_model_config(path: str) -> dict:
     return load_model_config(text)
 
 
-# The schema of `gpufleet plan --json`: the plan's keys, or {"errors": [records]}; raised when
-# a key changes meaning or goes away.
-PLAN_SCHEMA = 1
+# PLAN_SCHEMA: the schema version of `gpufleet plan --json` (src/gpufleet/plan_schema.py).
 
 
 class PlanInputError(ValueError):
@@ -196,11 +195,14 @@ def _plan_input_errors(args: argparse.Namespace) -> list[dict]:
 
 
 def _plan_failed(args: argparse.Namespace, records: list[dict]) -> int:
-    """Bad input: each record as a sentence on stderr, and with --json one object on stdout."""
+    """Bad input: each record as a sentence on stderr, and with --json one object on stdout
+    (plan_schema.py): fits false, the sentences in errors, the records in input_errors."""
     for record in records:
         print("gpufleet plan: %s" % problem_text(record), file=sys.stderr)
     if args.json:
-        print(json.dumps({"schema": PLAN_SCHEMA, "errors": records}, indent=2, sort_keys=True, allow_nan=False))
+        out = {"schema_version": PLAN_SCHEMA, "fits": False, "errors": [problem_text(r) for r in records],
+               "input_errors": records}  # fmt: skip
+        print(json.dumps(out, indent=2, sort_keys=True, allow_nan=False))
     return 1
 
 
@@ -218,6 +220,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ansible_collections.gpufleet.serving.plugins.module_utils._engine_plan import plan_for
     from ansible_collections.gpufleet.serving.plugins.module_utils._model_shape import ModelConfigError
 
+    if args.json_schema:
+        from gpufleet.plan_schema import plan_schema
+
+        print(json.dumps(plan_schema(), indent=2, sort_keys=True))
+        return 0
+    if not args.model:
+        return _plan_failed(args, [{"variable": "--model", "value": None, "message": "is required",
+                                    "fix": "the model's folder or its config.json"}])  # fmt: skip
     problems = _plan_input_errors(args)
     if problems:
         return _plan_failed(args, problems)
@@ -263,7 +273,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
               "message": "cannot be planned: %s: %s" % (type(exc).__name__, exc), "fix": ""}],
         )  # fmt: skip
     if args.json:
-        print(json.dumps(dict(plan, schema=PLAN_SCHEMA), indent=2, sort_keys=True))
+        print(json.dumps(dict(plan, schema_version=PLAN_SCHEMA), indent=2, sort_keys=True))
     else:
         print_plan(plan)
     return 0 if plan["fits"] else 2
@@ -312,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         "does at startup; choose the settings you do not pin. The plan is the engine role's for an instance given "
         "these GPUs (the role prints the same at preflight). Exit 0 when it fits, 2 when it does not, 1 on bad input.",
     )
-    plan.add_argument("--model", required=True, help="model folder (or its config.json)")
+    plan.add_argument("--model", help="model folder (or its config.json); required")
     plan.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU in GiB, as nvidia-smi lists it (24, 80)")
     plan.add_argument(
         "--gpus",
@@ -349,7 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--concurrency", type=int, help="full-length requests that must fit at once (default: max-num-seqs, else 8)"
     )
-    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    plan.add_argument(
+        "--json",
+        action="store_true",
+        help="print the plan as one JSON object, bad input too (its schema: gpufleet plan --json-schema)",
+    )
+    plan.add_argument(
+        "--json-schema", action="store_true", help="print the JSON Schema of --json's output and stop (no --model)"
+    )
     plan.set_defaults(func=cmd_plan)
 
     deploy = sub.add_parser(

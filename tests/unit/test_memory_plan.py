@@ -20,6 +20,7 @@ Published figures (vLLM's own log lines), each with where it was published:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -403,10 +404,26 @@ def test_the_bar_shows_what_overflows_the_gpu_instead_of_clipping_it():
     assert len(bar) == BAR_WIDTH + 1 and bar.count("|") == 1
     edge = bar.index("|")
     assert 0 < edge < BAR_WIDTH // 4  # 24 of about 130 GiB: the GPU ends early in the bar
-    assert set(bar[edge + 1 :]) - {"."} and "over by" in line  # the weights past the GPU's end are drawn
+    assert set(bar[edge + 1 :]) - {"."} and "short by" in line  # the weights past the GPU's end are drawn
+    # one word and one figure for what is missing: the bar's is the error's (issue 33 saw "over by 4.97 GiB"
+    # beside "short by 6.07 GiB")
+    figure = re.search(r"short by ([0-9.]+) GiB", line).group(1)
+    assert "short by %s GiB" % figure in plan["errors"][0]
     fits = mp.plan_memory(config, gpus=8, gpu_memory_bytes=80 * GIB)
     (line,) = [x for x in plan_lines(fits, detail=True) if x.startswith("per GPU    [")]
-    assert "|" not in line and "over by" not in line
+    assert "|" not in line and "short by" not in line
+
+
+def test_what_would_fit_leaves_out_what_serves_no_useful_context():
+    # Qwen2.5-7B on one 11.5 GiB GPU: FP8 weights fit, with 208 KV tokens (max_model_len 208): no request of use
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
+    config = shape.load_model_config((root / "qwen2.5-7b-instruct.json").read_text())
+    plan = mp.plan_memory(config, gpus=1, gpu_memory_bytes=int(11.5 * GIB))
+    fix = plan["errors"][-1]
+    assert fix.startswith("What would fit: 2 nodes of 1 GPUs") and "quantization fp8" not in fix
+    assert min(int(n) for n in re.findall(r"max_model_len (\d+)", fix)) >= mp.USEFUL_CONTEXT
+    # the same way with a useful context is still offered (11 GiB: FP8 weights, 7984 tokens)
+    assert "quantization fp8 on 1 node" in mp.plan_memory(config, gpus=1, gpu_memory_bytes=11 * GIB)["errors"][-1]
 
 
 def test_when_nothing_fits_the_plan_is_the_layout_closest_to_fitting():

@@ -65,9 +65,18 @@ def _cli_plan(inst, config_path, gpu, capsys):
     out = capsys.readouterr().out
     assert rc in (0, 2), out
     got = json.loads(out)
-    # the JSON says its schema; the rest is the plan itself
-    assert got.pop("schema") == 1
+    # the JSON says its schema, and is what the shipped schema describes; the rest is the plan itself
+    _valid(got)
+    assert got.pop("schema_version") == 1
     return got
+
+
+def _valid(got):
+    import jsonschema
+
+    from gpufleet.plan_schema import plan_schema
+
+    jsonschema.validate(got, plan_schema())
 
 
 def _lab_instances():
@@ -177,20 +186,53 @@ def test_bad_input_gives_json_records_on_stdout(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 1
     got = json.loads(captured.out)
-    assert got["schema"] == 1
-    assert [(e["variable"], e["value"]) for e in got["errors"]] == [("--gpus", 0), ("--nodes", 2000)]
-    assert all(e["message"] and "fix" in e for e in got["errors"])
+    _valid(got)
+    assert got["schema_version"] == 1 and got["fits"] is False
+    assert [(e["variable"], e["value"]) for e in got["input_errors"]] == [("--gpus", 0), ("--nodes", 2000)]
+    assert all(e["message"] and "fix" in e for e in got["input_errors"])
+    assert got["errors"][0] == "--gpus=0 must be from 1 to 1024 (the GPUs the instance may use on each node)"
     # the same problems in words on stderr
     assert "gpufleet plan: --gpus=0 must be from 1 to 1024 (the GPUs the instance may use on each node)" in captured.err
     # a model the planner cannot read is a record too, naming --model
     rc = main(["plan", "--json", "--model", str(tmp_path / "missing"), "--gpu-memory-gib", "24"])
-    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    (error,) = json.loads(capsys.readouterr().out)["input_errors"]
     assert rc == 1 and error["variable"] == "--model" and error["value"] == str(tmp_path / "missing")
     # without --gpu-memory-gib on a GPU
     rc = main(["plan", "--json", "--model", str(config)])
-    (error,) = json.loads(capsys.readouterr().out)["errors"]
+    (error,) = json.loads(capsys.readouterr().out)["input_errors"]
     assert (rc, error["variable"], error["value"], error["message"]) == (1, "--gpu-memory-gib", None, "is required")
     # a value JSON cannot hold is given as the text it was typed as: the output stays JSON
     rc = main(["plan", "--json", "--model", str(config), "--gpu-memory-gib", "nan"])
-    (error,) = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail("not JSON: " + c))["errors"]
+    (error,) = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail("not JSON: " + c))[
+        "input_errors"
+    ]
     assert (rc, error["variable"], error["value"]) == (1, "--gpu-memory-gib", "nan")
+
+
+def test_the_schema_ships_and_describes_every_outcome(tmp_path, capsys):
+    """`gpufleet plan --json-schema` prints the schema the package ships; a plan that fits, one
+    that does not and bad input (no --model at all included) each validate against it, and a
+    plan missing one of the memory plan's keys does not."""
+    import jsonschema
+
+    from gpufleet.cli import main
+
+    assert main(["plan", "--json-schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    root = Path(__file__).resolve().parents[1] / "fixtures" / "model_configs"
+    outcomes = {}
+    for name, argv in {
+        "fits": ["--model", str(root / "qwen2.5-7b-instruct.json"), "--gpu-memory-gib", "80"],
+        "short": ["--model", str(root / "qwen2.5-7b-instruct.json"), "--gpu-memory-gib", "8"],
+        "bad": ["--gpus", "0"],
+    }.items():
+        rc = main(["plan", "--json", *argv])
+        outcomes[name] = (rc, json.loads(capsys.readouterr().out))
+        jsonschema.validate(outcomes[name][1], schema)
+    assert [outcomes[n][0] for n in ("fits", "short", "bad")] == [0, 2, 1]
+    assert outcomes["bad"][1]["input_errors"][0]["variable"] == "--model"
+    plan = dict(outcomes["fits"][1])
+    del plan["max_model_len"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(plan, schema)
