@@ -44,17 +44,33 @@ import yaml
 
 from gpufleet._collection import Collection, locate_collection, missing_dependencies
 
-# What a run gets when nothing else says otherwise (a checkout's ansible.cfg or the user's
-# own ANSIBLE_* settings win; these match that ansible.cfg for an installed copy).
+# What a run gets where nothing else says otherwise: the user's own ANSIBLE_* variables win,
+# then the user's ansible.cfg (found as ansible-playbook finds it: user_config()), setting by
+# setting; a checkout without a user's file uses its own ansible.cfg (these match it).
+# ssh_args leaves the authentication to Ansible's ssh plugin: it asks for keys only unless a
+# password is given (-k), so a password login and a bastion's ssh_args of the user's work.
 DEFAULT_SETTINGS = {
     "ANSIBLE_FORKS": "20",
     "ANSIBLE_GATHERING": "smart",
     "ANSIBLE_CACHE_PLUGIN": "jsonfile",
     "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "3600",
     "ANSIBLE_PIPELINING": "true",
-    "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s -o PreferredAuthentications=publickey",
+    "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=120s",
     "ANSIBLE_RETRY_FILES_ENABLED": "false",
     "ANSIBLE_CALLBACK_RESULT_FORMAT": "yaml",
+}
+# Where an ansible.cfg sets each of them (ansible-core's configuration reference; the ssh and
+# default-callback plugins' documented ini entries): a user's file that sets one keeps its value.
+SETTING_INI = {
+    "ANSIBLE_FORKS": [("defaults", "forks")],
+    "ANSIBLE_GATHERING": [("defaults", "gathering")],
+    "ANSIBLE_CACHE_PLUGIN": [("defaults", "fact_caching")],
+    "ANSIBLE_CACHE_PLUGIN_TIMEOUT": [("defaults", "fact_caching_timeout")],
+    "ANSIBLE_CACHE_PLUGIN_CONNECTION": [("defaults", "fact_caching_connection")],
+    "ANSIBLE_PIPELINING": [("defaults", "pipelining"), ("connection", "pipelining"), ("ssh_connection", "pipelining")],
+    "ANSIBLE_SSH_ARGS": [("ssh_connection", "ssh_args")],
+    "ANSIBLE_RETRY_FILES_ENABLED": [("defaults", "retry_files_enabled")],
+    "ANSIBLE_CALLBACK_RESULT_FORMAT": [("defaults", "callback_result_format")],
 }
 # The records the playbooks hand the CLI, as facts set just before the check that fails on them
 # (read from the set_fact's event, never from a message): roles/engine/tasks/readiness.yml's
@@ -185,24 +201,74 @@ def _config_value(name: str, config_file: str | None) -> Any:
     return ConfigManager(config_file).get_config_value(name)
 
 
-def settings_env(coll: Collection, environ: dict[str, str] | None = None, colour: bool = True) -> dict[str, str]:
+def user_config(environ: dict[str, str] | None = None, cwd: str | None = None) -> str | None:
+    """The ansible.cfg ansible-playbook would read when started here, in its order: ANSIBLE_CONFIG
+    (a folder means its ansible.cfg), ./ansible.cfg unless the folder is world-writable,
+    ~/.ansible.cfg, /etc/ansible/ansible.cfg; the first readable one, else None. (ansible-runner
+    starts ansible-playbook in a folder of its own, where it would find none of them.)"""
+    import stat
+
+    environ = os.environ if environ is None else environ
+    candidates = []
+    if "ANSIBLE_CONFIG" in environ:
+        given = Path(os.path.expandvars(environ["ANSIBLE_CONFIG"])).expanduser()
+        candidates.append(given / "ansible.cfg" if given.is_dir() else given)
+    here = Path(cwd or os.getcwd())
+    try:
+        if not here.stat().st_mode & stat.S_IWOTH:
+            candidates.append(here / "ansible.cfg")
+    except OSError:
+        pass
+    home = environ.get("HOME")
+    if home:
+        candidates.append(Path(home) / ".ansible.cfg")
+    candidates.append(Path("/etc/ansible/ansible.cfg"))
+    for path in candidates:
+        if path.is_file() and os.access(path, os.R_OK):
+            return str(path.resolve())
+    return None
+
+
+def settings_in(config: str) -> set[str]:
+    """The DEFAULT_SETTINGS (and the fact cache's folder) the ansible.cfg `config` sets itself."""
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read(config)
+    except configparser.Error:
+        return set()  # ansible-playbook names a broken file itself
+    return {k for k, places in SETTING_INI.items() if any(parser.has_option(s, o) for s, o in places)}
+
+
+def settings_env(
+    coll: Collection, environ: dict[str, str] | None = None, colour: bool = True, cwd: str | None = None
+) -> dict[str, str]:
     """Environment for the run: the collection first on the collections path, the venv's
-    ansible-playbook on PATH, the checkout's ansible.cfg or gpufleet's defaults, and every
-    ANSIBLE_* variable the user set left as it is. Without colour, Ansible's output has no
-    colour codes (ansible-runner runs it on a terminal of its own, where it would colour)
-    unless the user's environment asks for them."""
+    ansible-playbook on PATH, and the configuration: every ANSIBLE_* variable the user set left
+    as it is; the user's ansible.cfg (user_config) in force, with gpufleet's defaults only for
+    what it leaves unset; else a checkout's ansible.cfg, else gpufleet's defaults. Without
+    colour, Ansible's output has no colour codes (ansible-runner runs it on a terminal of its
+    own, where it would colour) unless the user's environment asks for them."""
     environ = dict(os.environ if environ is None else environ)
     env = coll.envvars()
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bin_dir, environ.get("PATH", "")])
-    if "ANSIBLE_CONFIG" not in environ:
-        if coll.ansible_cfg is not None:
-            env["ANSIBLE_CONFIG"] = str(coll.ansible_cfg)
-            # ansible.cfg's fact cache path is relative to the working folder; pin it to the checkout
-            env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(coll.root / ".cache" / "facts")
-        else:
-            env.update({k: v for k, v in DEFAULT_SETTINGS.items() if k not in environ})
-            env.setdefault("ANSIBLE_CACHE_PLUGIN_CONNECTION", str(cache_dir() / "facts"))
+    config = user_config(environ, cwd)
+    if config is not None and (coll.ansible_cfg is None or Path(config) != coll.ansible_cfg.resolve()):
+        # the user's file, named for ansible-playbook (it starts elsewhere); gpufleet fills the rest
+        env["ANSIBLE_CONFIG"] = config
+        own = settings_in(config)
+        env.update({k: v for k, v in DEFAULT_SETTINGS.items() if k not in own})
+        if "ANSIBLE_CACHE_PLUGIN_CONNECTION" not in own:
+            env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(cache_dir() / "facts")
+    elif coll.ansible_cfg is not None:
+        env["ANSIBLE_CONFIG"] = str(coll.ansible_cfg)
+        # ansible.cfg's fact cache path is relative to the working folder; pin it to the checkout
+        env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(coll.root / ".cache" / "facts")
+    else:
+        env.update(DEFAULT_SETTINGS)
+        env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(cache_dir() / "facts")
     for key in list(env):
         if key in environ and key.startswith("ANSIBLE_") and key != "ANSIBLE_COLLECTIONS_PATH":
             del env[key]  # the user's own setting wins
@@ -214,6 +280,17 @@ def settings_env(coll: Collection, environ: dict[str, str] | None = None, colour
     if not colour and not _user_colour_choice(environ):
         env["ANSIBLE_NOCOLOR"] = "1"
     return env
+
+
+def describe_config(env: dict[str, str], environ: dict[str, str] | None = None) -> str:
+    """One line for -v: the ansible.cfg in force and what gpufleet sets beside it."""
+    environ = dict(os.environ if environ is None else environ)
+    config = environ.get("ANSIBLE_CONFIG") or env.get("ANSIBLE_CONFIG")
+    filled = ["%s=%s" % (k[len("ANSIBLE_") :].lower(), env[k]) for k in DEFAULT_SETTINGS if k in env]
+    return "gpufleet: Ansible configuration %s; gpufleet sets beside it: %s" % (
+        config or "(none: Ansible's defaults)",
+        ", ".join(filled) or "nothing (the file and your ANSIBLE_* variables set it all)",
+    )
 
 
 def _user_colour_choice(environ: dict[str, str]) -> bool:
@@ -607,6 +684,8 @@ def execute(req: RunRequest, view: RunView, err: TextIO | None = None) -> Outcom
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=err)
         return Outcome(rc=1, status="not started", log=None, view=view)
+    if req.verbose > 0:
+        print(describe_config(kwargs["envvars"]), file=err)
     options = argparse.Namespace(**vars(req.options()))  # a copy: the request keeps what was given
     options.ask_vault_pass = options.ask_vault_pass or req.ask_vault_pass
     try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import sys
 import types
 from pathlib import Path
 
@@ -128,6 +130,46 @@ def test_user_ansible_settings_win(tmp_path):
     assert env["ANSIBLE_HOST_KEY_CHECKING"] == "False"  # what their configuration says
     env = runner.settings_env(coll, {"PATH": "/bin"})
     assert env["ANSIBLE_CONFIG"] == str(coll.root / "ansible.cfg")  # a checkout's own settings
+
+
+def test_the_users_ansible_cfg_is_in_force_and_gpufleet_fills_only_what_it_leaves_unset(tmp_path):
+    """A folder with the user's ansible.cfg (forks 3, a bastion in ssh_args): ansible-playbook
+    started by ansible-runner elsewhere still reads it, its settings stand, gpufleet's defaults
+    fill the rest; ansible-config (real) reports the result. -v names it."""
+    import subprocess
+
+    coll = locate_collection()
+    project = tmp_path / "project"
+    project.mkdir()
+    cfg = project / "ansible.cfg"
+    cfg.write_text("[defaults]\nforks = 3\n\n[ssh_connection]\nssh_args = -o ProxyJump=admin@bastion.lan\n")
+    env = runner.settings_env(coll, {"PATH": "/bin", "HOME": str(tmp_path)}, cwd=str(project))
+    assert env["ANSIBLE_CONFIG"] == str(cfg.resolve())
+    assert "ANSIBLE_FORKS" not in env and "ANSIBLE_SSH_ARGS" not in env  # theirs
+    assert env["ANSIBLE_PIPELINING"] == "true" and env["ANSIBLE_GATHERING"] == "smart"  # unset there: gpufleet's
+    dump = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-config"), "dump", "--only-changed", "-t", "all"],
+        env={**env, "HOME": str(tmp_path), "ANSIBLE_NOCOLOR": "1"}, cwd=str(tmp_path), capture_output=True,
+        text=True, check=True,
+    ).stdout  # fmt: skip
+    assert re.search(r"DEFAULT_FORKS\(%s\) = 3" % re.escape(str(cfg.resolve())), dump), dump
+    assert "ProxyJump=admin@bastion.lan" in dump and "PreferredAuthentications" not in dump
+    assert re.search(r"pipelining\(env: ANSIBLE_PIPELINING\) = True", dump, re.I), dump
+    line = runner.describe_config(env, {"PATH": "/bin"})
+    assert line.startswith("gpufleet: Ansible configuration %s;" % cfg.resolve()) and "pipelining=true" in line
+    assert "forks=" not in line
+    # ~/.ansible.cfg when the folder has none; a world-writable folder's file is skipped, as Ansible does
+    (tmp_path / ".ansible.cfg").write_text("[defaults]\ngathering = explicit\n")
+    open_dir = tmp_path / "shared"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    (open_dir / "ansible.cfg").write_text("[defaults]\nforks = 1\n")
+    env = runner.settings_env(coll, {"PATH": "/bin", "HOME": str(tmp_path)}, cwd=str(open_dir))
+    assert env["ANSIBLE_CONFIG"] == str((tmp_path / ".ansible.cfg").resolve())
+    assert "ANSIBLE_GATHERING" not in env and env["ANSIBLE_FORKS"] == "20"
+    # gpufleet's own defaults never force key-only logins: -k passwords work
+    assert "PreferredAuthentications" not in runner.DEFAULT_SETTINGS["ANSIBLE_SSH_ARGS"]
+    assert "PreferredAuthentications" not in (coll.root / "ansible.cfg").read_text()
 
 
 def test_the_environment_ansible_runner_builds_keeps_host_keys_checked_and_our_fact_cache(tmp_path):
@@ -490,7 +532,7 @@ def test_each_run_gets_its_own_private_folder_and_its_inputs_are_removed(fake, t
     assert not (first / "env").exists() and not (second / "env").exists()
 
 
-def test_the_defaults_for_an_installed_copy_are_settings_ansible_knows():
+def test_the_defaults_for_an_installed_copy_are_settings_ansible_knows(tmp_path):
     # an installed copy has no ansible.cfg: these environment variables stand in for it
     from ansible.config.manager import ConfigManager
 
@@ -500,8 +542,14 @@ def test_the_defaults_for_an_installed_copy_are_settings_ansible_knows():
     assert set(runner.DEFAULT_SETTINGS) - plugin_options <= core
     coll = locate_collection()
     installed = type(coll)(root=coll.root, collections_path=coll.collections_path, packaged=True)
-    env = runner.settings_env(installed, {"PATH": "/bin"})
+    # run from a folder without an ansible.cfg of the user's
+    env = runner.settings_env(installed, {"PATH": "/bin"}, cwd=str(tmp_path))
     assert env["ANSIBLE_CACHE_PLUGIN"] == "jsonfile" and "ANSIBLE_CONFIG" not in env
+    # where a user's ansible.cfg sets each default: as ansible-core's own configuration says
+    for name, places in runner.SETTING_INI.items():
+        defs = [d for d in manager._base_defs.values() if name in [e["name"] for e in d.get("env") or []]]
+        if name not in plugin_options:
+            assert len(defs) == 1 and set(places) == {(i["section"], i["key"]) for i in defs[0].get("ini") or []}, name
 
 
 def test_an_unreachable_delegated_host_is_named_not_the_play_host():
