@@ -756,7 +756,12 @@ def _what_would_fit(config, result, gpus, gpu_memory_bytes, engine, nodes, pins,
     context (USEFUL_CONTEXT tokens, or the model's own context when that is shorter) is left out:
     it fits, but nobody could use it."""
     fixes = []
-    useful = min(USEFUL_CONTEXT, model_max_len(config, pins.get("rope_scaling")) or USEFUL_CONTEXT)
+    # a context the user pinned shorter is what they asked for
+    useful = min(
+        USEFUL_CONTEXT,
+        model_max_len(config, pins.get("rope_scaling")) or USEFUL_CONTEXT,
+        pins.get("max_model_len") or USEFUL_CONTEXT,
+    )
 
     def plan(nodes_, **more):
         again = dict(pins, **more)

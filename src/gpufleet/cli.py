@@ -285,6 +285,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.print_usage(sys.stderr)
+        if self.prog.endswith(" plan") and "--json" in sys.argv[1:]:
+            # `plan --json` answers every outcome with one object, an option argparse refused too
+            record = {"variable": None, "value": None, "message": message, "fix": "gpufleet plan --help"}
+            out = {"schema_version": PLAN_SCHEMA, "fits": False, "errors": [problem_text(record)],
+                   "input_errors": [record]}  # fmt: skip
+            print(json.dumps(out, indent=2, sort_keys=True))
         self.exit(1, "%s: error: %s\n" % (self.prog, message))
 
 

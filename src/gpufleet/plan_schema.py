@@ -65,7 +65,7 @@ SCHEMA = {
     },
     # a plan carries every key of the memory plan; bad input carries its records instead
     "oneOf": [
-        {"required": ["input_errors"], "properties": {"fits": {"const": False}}},
+        {"required": ["input_errors"], "properties": {"fits": {"const": False}, "errors": {"minItems": 1}}},
         {"not": {"required": ["input_errors"]}, "required": []},
     ],
 }
@@ -74,9 +74,15 @@ SCHEMA = {
 def plan_schema(plan_keys=None) -> dict:
     """The schema, with the memory plan's keys (PLAN_KEYS) required of a plan."""
     if plan_keys is None:
+        from gpufleet._collection import ensure_importable
+
+        ensure_importable()
         from ansible_collections.gpufleet.serving.plugins.module_utils._memory_plan import PLAN_KEYS
 
         plan_keys = PLAN_KEYS
     schema = dict(SCHEMA)
     schema["oneOf"] = [SCHEMA["oneOf"][0], {"not": {"required": ["input_errors"]}, "required": sorted(plan_keys)}]
+    # a key that is neither the plan's nor the envelope's (the retired "schema") is not this version
+    schema["additionalProperties"] = False
+    schema["properties"] = dict(SCHEMA["properties"], **{k: {} for k in plan_keys if k not in SCHEMA["properties"]})
     return schema

@@ -201,19 +201,20 @@ def _config_value(name: str, config_file: str | None) -> Any:
     return ConfigManager(config_file).get_config_value(name)
 
 
-def user_config(environ: dict[str, str] | None = None, cwd: str | None = None) -> str | None:
+def user_config(environ: dict[str, str] | None = None, cwd: str | None = None, system: bool = True) -> str | None:
     """The ansible.cfg ansible-playbook would read when started here, in its order: ANSIBLE_CONFIG
-    (a folder means its ansible.cfg), ./ansible.cfg unless the folder is world-writable,
-    ~/.ansible.cfg, /etc/ansible/ansible.cfg; the first readable one, else None. (ansible-runner
-    starts ansible-playbook in a folder of its own, where it would find none of them.)"""
+    (a folder means its ansible.cfg; relative to here), ./ansible.cfg unless the folder is
+    world-writable, ~/.ansible.cfg, /etc/ansible/ansible.cfg (unless not `system`); the first
+    readable one as an absolute path (links not followed, as Ansible reads them), else None.
+    (ansible-runner starts ansible-playbook in a folder of its own, where it would find none.)"""
     import stat
 
     environ = os.environ if environ is None else environ
+    here = Path(cwd or os.getcwd())
     candidates = []
     if "ANSIBLE_CONFIG" in environ:
-        given = Path(os.path.expandvars(environ["ANSIBLE_CONFIG"])).expanduser()
+        given = here / Path(os.path.expandvars(environ["ANSIBLE_CONFIG"])).expanduser()
         candidates.append(given / "ansible.cfg" if given.is_dir() else given)
-    here = Path(cwd or os.getcwd())
     try:
         if not here.stat().st_mode & stat.S_IWOTH:
             candidates.append(here / "ansible.cfg")
@@ -222,11 +223,23 @@ def user_config(environ: dict[str, str] | None = None, cwd: str | None = None) -
     home = environ.get("HOME")
     if home:
         candidates.append(Path(home) / ".ansible.cfg")
-    candidates.append(Path("/etc/ansible/ansible.cfg"))
+    if system:
+        candidates.append(Path("/etc/ansible/ansible.cfg"))
     for path in candidates:
         if path.is_file() and os.access(path, os.R_OK):
-            return str(path.resolve())
+            return os.path.abspath(path)
     return None
+
+
+def _sets_collections_path(config: str) -> bool:
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read(config)
+    except configparser.Error:
+        return False
+    return parser.has_option("defaults", "collections_path") or parser.has_option("defaults", "collections_paths")
 
 
 def settings_in(config: str) -> set[str]:
@@ -254,14 +267,24 @@ def settings_env(
     env = coll.envvars()
     bin_dir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([bin_dir, environ.get("PATH", "")])
-    config = user_config(environ, cwd)
+    # a checkout's own ansible.cfg wins over a system-wide /etc/ansible/ansible.cfg
+    config = user_config(environ, cwd, system=coll.ansible_cfg is None)
     if config is not None and (coll.ansible_cfg is None or Path(config) != coll.ansible_cfg.resolve()):
-        # the user's file, named for ansible-playbook (it starts elsewhere); gpufleet fills the rest
+        # the user's file, named by its absolute path for ansible-playbook (it starts elsewhere);
+        # gpufleet fills what it leaves unset
         env["ANSIBLE_CONFIG"] = config
         own = settings_in(config)
-        env.update({k: v for k, v in DEFAULT_SETTINGS.items() if k not in own})
-        if "ANSIBLE_CACHE_PLUGIN_CONNECTION" not in own:
+        env.update({k: v for k, v in DEFAULT_SETTINGS.items() if k not in own and k not in environ})
+        cache = environ.get("ANSIBLE_CACHE_PLUGIN") or (
+            _config_value("CACHE_PLUGIN", config) if "ANSIBLE_CACHE_PLUGIN" in own else "jsonfile"
+        )
+        if "ANSIBLE_CACHE_PLUGIN_CONNECTION" not in own and cache in ("jsonfile", "ansible.builtin.jsonfile"):
             env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(cache_dir() / "facts")
+        if "ANSIBLE_COLLECTIONS_PATH" not in environ and _sets_collections_path(config):
+            # the file's collections paths (resolved against its folder) after gpufleet's own
+            own_paths = [str(p) for p in _config_value("COLLECTIONS_PATHS", config) or []]
+            first = env["ANSIBLE_COLLECTIONS_PATH"].split(os.pathsep)[0]
+            env["ANSIBLE_COLLECTIONS_PATH"] = os.pathsep.join([first, *(p for p in own_paths if p != first)])
     elif coll.ansible_cfg is not None:
         env["ANSIBLE_CONFIG"] = str(coll.ansible_cfg)
         # ansible.cfg's fact cache path is relative to the working folder; pin it to the checkout
@@ -270,8 +293,9 @@ def settings_env(
         env.update(DEFAULT_SETTINGS)
         env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(cache_dir() / "facts")
     for key in list(env):
-        if key in environ and key.startswith("ANSIBLE_") and key != "ANSIBLE_COLLECTIONS_PATH":
-            del env[key]  # the user's own setting wins
+        # the user's own setting wins (ANSIBLE_CONFIG: the file it names, made absolute above)
+        if key in environ and key.startswith("ANSIBLE_") and key not in ("ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_CONFIG"):
+            del env[key]
     if "ANSIBLE_HOST_KEY_CHECKING" not in environ:
         # ansible-runner sets it to False when the environment does not say: keep what the
         # configuration in use says (gpufleet's ansible.cfg and Ansible's default: True)
@@ -286,7 +310,13 @@ def describe_config(env: dict[str, str], environ: dict[str, str] | None = None) 
     """One line for -v: the ansible.cfg in force and what gpufleet sets beside it."""
     environ = dict(os.environ if environ is None else environ)
     config = environ.get("ANSIBLE_CONFIG") or env.get("ANSIBLE_CONFIG")
-    filled = ["%s=%s" % (k[len("ANSIBLE_") :].lower(), env[k]) for k in DEFAULT_SETTINGS if k in env]
+    keys = [
+        *DEFAULT_SETTINGS,
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION",
+        "ANSIBLE_COLLECTIONS_PATH",
+        "ANSIBLE_HOST_KEY_CHECKING",
+    ]
+    filled = ["%s=%s" % (k[len("ANSIBLE_") :].lower(), env[k]) for k in keys if k in env]
     return "gpufleet: Ansible configuration %s; gpufleet sets beside it: %s" % (
         config or "(none: Ansible's defaults)",
         ", ".join(filled) or "nothing (the file and your ANSIBLE_* variables set it all)",

@@ -422,6 +422,9 @@ def test_what_would_fit_leaves_out_what_serves_no_useful_context():
     fix = plan["errors"][-1]
     assert fix.startswith("What would fit: 2 nodes of 1 GPUs") and "quantization fp8" not in fix
     assert min(int(n) for n in re.findall(r"max_model_len (\d+)", fix)) >= mp.USEFUL_CONTEXT
+    # a context pinned shorter is the user's own: what fits at it is offered
+    pinned = mp.plan_memory(config, gpus=1, gpu_memory_bytes=int(11.5 * GIB), pins={"max_model_len": 2048})
+    assert pinned["errors"][-1].startswith("What would fit: ")
     # the same way with a useful context is still offered (11 GiB: FP8 weights, 7984 tokens)
     assert "quantization fp8 on 1 node" in mp.plan_memory(config, gpus=1, gpu_memory_bytes=11 * GIB)["errors"][-1]
 

@@ -10,7 +10,9 @@ parser). The two JSON objects must be equal, key for key.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from engine_role import role_defaults
@@ -232,6 +234,16 @@ def test_the_schema_ships_and_describes_every_outcome(tmp_path, capsys):
         jsonschema.validate(outcomes[name][1], schema)
     assert [outcomes[n][0] for n in ("fits", "short", "bad")] == [0, 2, 1]
     assert outcomes["bad"][1]["input_errors"][0]["variable"] == "--model"
+    # an option argparse itself refuses: JSON too, exit 1
+    argv = ["gpufleet", "plan", "--json", "--gpus", "abc"]
+    with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as stop:
+        main(argv[1:])
+    refused = json.loads(capsys.readouterr().out)
+    jsonschema.validate(refused, schema)
+    assert stop.value.code == 1 and "--gpus" in refused["errors"][0] and "abc" in refused["errors"][0]
+    # the retired key is not this version's
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(dict(outcomes["fits"][1], schema=1), schema)
     plan = dict(outcomes["fits"][1])
     del plan["max_model_len"]
     with pytest.raises(jsonschema.ValidationError):

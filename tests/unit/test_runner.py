@@ -126,9 +126,13 @@ def test_user_ansible_settings_win(tmp_path):
     cfg = tmp_path / "my.cfg"
     cfg.write_text("[defaults]\nhost_key_checking = false\n")
     env = runner.settings_env(coll, {"PATH": "/bin", "ANSIBLE_FORKS": "3", "ANSIBLE_CONFIG": str(cfg)})
-    assert "ANSIBLE_FORKS" not in env and "ANSIBLE_CONFIG" not in env  # inherited unchanged
+    assert "ANSIBLE_FORKS" not in env  # inherited unchanged
+    assert env["ANSIBLE_CONFIG"] == str(cfg)  # their file, by its absolute path
     assert env["ANSIBLE_HOST_KEY_CHECKING"] == "False"  # what their configuration says
-    env = runner.settings_env(coll, {"PATH": "/bin"})
+    # named relative to where gpufleet runs: still their file (ansible-playbook starts elsewhere)
+    env = runner.settings_env(coll, {"PATH": "/bin", "ANSIBLE_CONFIG": "my.cfg"}, cwd=str(tmp_path))
+    assert env["ANSIBLE_CONFIG"] == str(cfg)
+    env = runner.settings_env(coll, {"PATH": "/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path))
     assert env["ANSIBLE_CONFIG"] == str(coll.root / "ansible.cfg")  # a checkout's own settings
 
 
@@ -142,11 +146,15 @@ def test_the_users_ansible_cfg_is_in_force_and_gpufleet_fills_only_what_it_leave
     project = tmp_path / "project"
     project.mkdir()
     cfg = project / "ansible.cfg"
-    cfg.write_text("[defaults]\nforks = 3\n\n[ssh_connection]\nssh_args = -o ProxyJump=admin@bastion.lan\n")
+    cfg.write_text(
+        "[defaults]\nforks = 3\ncollections_path = ./colls\n\n[ssh_connection]\nssh_args = -o ProxyJump=admin@bastion.lan\n"
+    )
     env = runner.settings_env(coll, {"PATH": "/bin", "HOME": str(tmp_path)}, cwd=str(project))
     assert env["ANSIBLE_CONFIG"] == str(cfg.resolve())
     assert "ANSIBLE_FORKS" not in env and "ANSIBLE_SSH_ARGS" not in env  # theirs
     assert env["ANSIBLE_PIPELINING"] == "true" and env["ANSIBLE_GATHERING"] == "smart"  # unset there: gpufleet's
+    # its collections path (resolved against its folder) after gpufleet's own copy
+    assert env["ANSIBLE_COLLECTIONS_PATH"].split(":") == [str(coll.collections_path), str(project / "colls")]
     dump = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-config"), "dump", "--only-changed", "-t", "all"],
         env={**env, "HOME": str(tmp_path), "ANSIBLE_NOCOLOR": "1"}, cwd=str(tmp_path), capture_output=True,
