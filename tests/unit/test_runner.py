@@ -147,7 +147,8 @@ def test_the_users_ansible_cfg_is_in_force_and_gpufleet_fills_only_what_it_leave
     project.mkdir()
     cfg = project / "ansible.cfg"
     cfg.write_text(
-        "[defaults]\nforks = 3\ncollections_path = ./colls\n\n[ssh_connection]\nssh_args = -o ProxyJump=admin@bastion.lan\n"
+        "[defaults]\nforks = 3\ncollections_path = ./colls\n\n"
+        "[ssh_connection]\nssh_args = -o ProxyJump=admin@bastion.lan\n"
     )
     env = runner.settings_env(coll, {"PATH": "/bin", "HOME": str(tmp_path)}, cwd=str(project))
     assert env["ANSIBLE_CONFIG"] == str(cfg.resolve())
