@@ -61,7 +61,10 @@ def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
         assert "A streamed answer through the proxy" in up.stdout
         answer = re.search(r"^> (.*)$", up.stdout.split("A streamed answer through the proxy", 1)[1], re.M)
         assert answer and answer.group(1).strip(), "the streamed answer is empty"
-        url = re.search(r"^  endpoint  (http://[0-9.]+:8080)/v1", up.stdout, re.M).group(1)
+        # TLS by default, verified against the demo fleet's CA, which site.yml copied beside the key
+        url = re.search(r"^  endpoint  (https://[0-9.]+:8443)/v1", up.stdout, re.M).group(1)
+        ca = cache_home / "gpufleet" / "demo" / "ca.crt"
+        assert "BEGIN CERTIFICATE" in ca.read_text() and "--cacert %s" % ca in up.stdout
         key = (cache_home / "gpufleet" / "demo" / "key").read_text().strip()
         assert oct((cache_home / "gpufleet" / "demo" / "key").stat().st_mode & 0o777) == "0o600"
         assert "Bearer %s" % key in up.stdout  # the ready-made curl line
@@ -77,7 +80,8 @@ def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
         assert engine["placement"]["matches"] is True and engine["placement"]["cpus"], engine["placement"]
 
         bench = _gpufleet(
-            "bench", url, "--concurrency", "1,2", "--requests", "4", "--output-tokens", "8", "--json",
+            "bench", url, "--cacert", str(ca), "--concurrency", "1,2", "--requests", "4", "--output-tokens", "8",
+            "--json",
             env=dict(os.environ, GPUFLEET_API_KEY=key),
         )  # fmt: skip
         assert bench.returncode == 0
@@ -93,3 +97,4 @@ def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
     assert down.returncode == 0
     assert _docker_lists() == before
     assert not (cache_home / "gpufleet" / "demo" / "key").exists()
+    assert not (cache_home / "gpufleet" / "demo" / "ca.crt").exists()
