@@ -71,6 +71,8 @@ SETTING_INI = {
     "ANSIBLE_SSH_ARGS": [("ssh_connection", "ssh_args")],
     "ANSIBLE_RETRY_FILES_ENABLED": [("defaults", "retry_files_enabled")],
     "ANSIBLE_CALLBACK_RESULT_FORMAT": [("defaults", "callback_result_format")],
+    # not a default of gpufleet's: a file that sets it keeps its paths after gpufleet's own copy
+    "ANSIBLE_COLLECTIONS_PATH": [("defaults", "collections_path")],
 }
 # The records the playbooks hand the CLI, as facts set just before the check that fails on them
 # (read from the set_fact's event, never from a message): roles/engine/tasks/readiness.yml's
@@ -231,19 +233,9 @@ def user_config(environ: dict[str, str] | None = None, cwd: str | None = None, s
     return None
 
 
-def _sets_collections_path(config: str) -> bool:
-    import configparser
-
-    parser = configparser.ConfigParser(interpolation=None, strict=False)
-    try:
-        parser.read(config)
-    except configparser.Error:
-        return False
-    return parser.has_option("defaults", "collections_path") or parser.has_option("defaults", "collections_paths")
-
-
 def settings_in(config: str) -> set[str]:
-    """The DEFAULT_SETTINGS (and the fact cache's folder) the ansible.cfg `config` sets itself."""
+    """The settings of SETTING_INI (DEFAULT_SETTINGS, the fact cache's folder, the collections
+    path) the ansible.cfg `config` sets itself."""
     import configparser
 
     parser = configparser.ConfigParser(interpolation=None, strict=False)
@@ -280,7 +272,7 @@ def settings_env(
         )
         if "ANSIBLE_CACHE_PLUGIN_CONNECTION" not in own and cache in ("jsonfile", "ansible.builtin.jsonfile"):
             env["ANSIBLE_CACHE_PLUGIN_CONNECTION"] = str(cache_dir() / "facts")
-        if "ANSIBLE_COLLECTIONS_PATH" not in environ and _sets_collections_path(config):
+        if "ANSIBLE_COLLECTIONS_PATH" not in environ and "ANSIBLE_COLLECTIONS_PATH" in own:
             # the file's collections paths (resolved against its folder) after gpufleet's own
             own_paths = [str(p) for p in _config_value("COLLECTIONS_PATHS", config) or []]
             first = env["ANSIBLE_COLLECTIONS_PATH"].split(os.pathsep)[0]
