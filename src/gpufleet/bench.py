@@ -242,7 +242,7 @@ def _cacert(path: str | None) -> str | None:
     except (OSError, ssl.SSLError) as exc:
         raise BenchInputError(
             "--cacert %s cannot be read as PEM certificates (%s); give the fleet CA's certificate, e.g. "
-            "INVENTORY_DIR/gpufleet-ca.crt" % (path, exc)
+            "INVENTORY_DIR/.gpufleet-ca.crt" % (path, exc)
         ) from None
     return path
 
@@ -341,7 +341,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cacert",
         metavar="FILE",
         help="trust the certificates in FILE for an https URL, e.g. the fleet CA's certificate that site.yml copies "
-        "to INVENTORY_DIR/gpufleet-ca.crt (default: the system's, or $SSL_CERT_FILE)",
+        "to INVENTORY_DIR/.gpufleet-ca.crt (default: the system's, or $SSL_CERT_FILE)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
@@ -623,7 +623,7 @@ def _unreachable(settings: Settings, exc: BaseException) -> BenchInputError:
     if isinstance(cause, ssl.SSLCertVerificationError):
         return BenchInputError(
             "cannot reach %s: its TLS certificate is not trusted (%s); pass the CA that issued it with --cacert, e.g. "
-            "the fleet CA's certificate that site.yml copies to INVENTORY_DIR/gpufleet-ca.crt"
+            "the fleet CA's certificate that site.yml copies to INVENTORY_DIR/.gpufleet-ca.crt"
             % (settings.base_url, cause.verify_message or cause)
         )
     return BenchInputError(
