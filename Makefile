@@ -7,7 +7,8 @@
 #   make test-full everything: every Python, every labtest, every scenario and every lab phase
 #                  (over 40 minutes; run it before resolving a change to a lab-tested path)
 #   make fast      the fast tier (unit + lint), a couple of minutes
-#   make pythons   the unit tests on the other controller Pythons (PYTHONS="3.12 3.13"; in make test-full)
+#   make pythons   unit tests and ansible-test sanity on the other supported ansible-core lines, each on
+#                  its Python (PYTHONS="3.11:2.19 3.12:2.20"; in make test-full; the main venv is 3.13:2.21)
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
 #   make bench-stream  the streaming benchmark (direct vs gpufleet proxy vs stock nginx)
 #   make bench-planner the memory planner vs vllm-wizard vs published figures
@@ -22,7 +23,9 @@
 #   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
-PYTHON ?= python3
+# The main venv's Python: 3.13 (ansible-core 2.21, the newest line, needs 3.12 or newer), found on
+# PATH, in pyenv or uv (tests/find-python.sh); PYTHON=... picks another (3.12 takes the same pins).
+PYTHON ?= $(shell tests/find-python.sh 3.13 2>/dev/null || echo python3.13)
 VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -61,14 +64,23 @@ gpu-check:
 # Python environment, pinned by requirements/constraints.txt (what CI tested).
 setup: $(STAMP)
 $(STAMP): pyproject.toml requirements/constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 12))' 2>/dev/null || { \
+	  echo "make setup: the main venv needs Python 3.12 or 3.13 (ansible-core 2.21); $(PYTHON) is missing or older." \
+	    "Install 3.13 (pyenv install 3.13, uv python install 3.13, or your distribution's python3.13), or set" \
+	    "PYTHON=/path/to/python3.12. A Python 3.11 controller runs gpufleet with ansible-core 2.19:" \
+	    "pip install -c requirements/core-2.19.txt -e '.[test]'" >&2; exit 1; }
+	@# a venv of another Python (3.11 before ansible-core 2.21) is made anew
+	@v='import sys; print(sys.version_info[:2])'; [ "$$($(BIN)/python -c "$$v" 2>/dev/null)" = "$$($(PYTHON) -c "$$v")" ] \
+	  || rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade 'pip>=24'
 	$(BIN)/pip install --quiet -c requirements/constraints.txt -e '.[test]'
 	touch $@
 
 constraints: $(STAMP)
-	{ echo '# Exact versions CI installs (pip install -c requirements/constraints.txt -e .[test]).'; \
-	  echo '# Regenerate with `make constraints` after changing pyproject.toml ranges.'; \
+	{ echo '# Exact versions CI installs in the main venv (make setup: Python 3.13, ansible-core 2.21):'; \
+	  echo '# pip install -c requirements/constraints.txt -e .[test]. Regenerate with `make constraints`'; \
+	  echo '# after changing pyproject.toml ranges; the other ansible-core lines: requirements/core-2.*.txt.'; \
 	  $(BIN)/pip freeze --exclude-editable | grep -v '^gpufleet'; } > requirements/constraints.txt
 
 # The lab: a Docker engine on this machine and the cached lab host image.
@@ -80,9 +92,9 @@ lab:
 unit: $(STAMP)
 	$(BIN)/pytest -q -n auto
 
-# The unit tests on each other supported controller Python (3.11 is the main venv's), each in
-# its own venv from the same pins (tests/pythons.sh).
-PYTHONS ?= 3.12 3.13
+# The unit tests and ansible-test sanity on each other supported ansible-core line, on its Python
+# (the main venv is Python 3.13 with 2.21), each in its own venv from its pins (tests/pythons.sh).
+PYTHONS ?= 3.11:2.19 3.12:2.20
 pythons:
 	PYTHONS="$(PYTHONS)" tests/pythons.sh
 

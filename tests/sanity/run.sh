@@ -7,9 +7,9 @@
 # `ansible-galaxy collection build` ships, galaxy.yml's build_ignore applied), unpacks it into a
 # temporary ansible_collections/gpufleet/serving, adds tests/sanity/ignore-*.txt and runs sanity
 # there:
-#   1. every sanity test with the controller's Python (SANITY_PYTHON, default 3.11);
+#   1. every sanity test with the controller's Python (SANITY_PYTHON, default BIN's python);
 #   2. compile and import on each managed-host Python in SANITY_TARGET_PYTHONS that is installed
-#      (default "3.8 3.13": the oldest the modules and module_utils support, and the newest here);
+#      (default: the oldest this ansible-core supports on managed hosts, and 3.13);
 #      these tests check only what runs on managed hosts (modules, module_utils). A version that
 #      is not installed is skipped with a note. pyenv's versions are found without activating them.
 # Each sanity test installs its pinned requirements from PyPI into a cached virtual environment
@@ -24,9 +24,14 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BIN="${BIN:-$ROOT/.venv/bin}"
-CONTROLLER_PYTHON="${SANITY_PYTHON:-3.11}"
-TARGET_PYTHONS="${SANITY_TARGET_PYTHONS-3.8 3.13}"
 export PATH="$BIN:$PATH"
+# the venv's own Python (ansible-test runs its controller tests there), and for compile and
+# import the oldest managed-host Python this ansible-core supports (3.8 for 2.19, 3.9 for 2.20
+# and 2.21) and the newest here
+CONTROLLER_PYTHON="${SANITY_PYTHON:-$(python -c 'import sys; print("%d.%d" % sys.version_info[:2])')}"
+OLDEST_TARGET="$(python -c 'from ansible_test._util.target.common.constants import REMOTE_ONLY_PYTHON_VERSIONS as r
+print(r[0])')"
+TARGET_PYTHONS="${SANITY_TARGET_PYTHONS-$OLDEST_TARGET 3.13}"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpufleet-sanity.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -42,7 +47,7 @@ cp "$ROOT"/tests/sanity/ignore-*.txt "$DEST/tests/sanity/"
 # a cached copy of ours current).
 PIP_VERSION="$(python -c 'import types
 from ansible_test._internal.python_requirements import get_venv_packages
-print(get_venv_packages(types.SimpleNamespace(version="3.11"))["pip"])')"
+print(get_venv_packages(types.SimpleNamespace(version="'"$CONTROLLER_PYTHON"'"))["pip"])')"
 GET_PIP="$HOME/.ansible/test/cache/get_pip_${PIP_VERSION//./_}.py"
 if [ ! -s "$GET_PIP" ] || grep -q "Stand-in for get-pip.py in ansible-test" "$GET_PIP"; then
   mkdir -p "$(dirname "$GET_PIP")"

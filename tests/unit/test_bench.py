@@ -413,7 +413,9 @@ def test_duration_mode_runs_until_the_deadline(capsys, monkeypatch):
 
 def _ca_and_server_context(tmp_path):
     """A CA and a certificate it signed for 127.0.0.1 (made with cryptography, as the fleet CA
-    is): the CA's PEM path and the server's ssl context."""
+    is, with the extensions community.crypto gives it: key usage and a subject key identifier on
+    the CA, an authority key identifier on the host's; Python 3.13's default context verifies
+    strictly and refuses a chain without them): the CA's PEM path and the server's ssl context."""
     import datetime
     import ipaddress
     import ssl
@@ -429,13 +431,17 @@ def _ca_and_server_context(tmp_path):
     ca = (
         x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
         .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(ca_key, hashes.SHA256())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
     cert = (
         x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
         .issuer_name(ca_name).public_key(key.public_key()).serial_number(2).not_valid_before(now)
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
     pem = serialization.Encoding.PEM
