@@ -113,6 +113,7 @@ lint: $(STAMP)
 	$(BIN)/ansible-lint --profile production
 	BIN=$(BIN) tests/sanity/run.sh
 	$(BIN)/antsibull-changelog lint
+	BIN=$(BIN) tests/lint/ee_create.sh
 
 # In make test (GPUFLEET_TEST_TIER=test) only the fleet lab proves idempotence: the other
 # scenarios run molecule's sequence without that step (tests/molecule.sh).

@@ -91,7 +91,7 @@ ensure_image() {
   else
     log "building $tag (recipe changed or first run)"
     case "$name" in
-      host|base) apt_install debootstrap; "$here/images/$name/build.sh" "$tag" "$(debian_mirror)" "$(ca_bundle)" ;;
+      host|base|ee-base) apt_install debootstrap; "$here/images/$name/build.sh" "$tag" "$(debian_mirror)" "$(ca_bundle)" ;;
       vllm-cpu) "$here/images/vllm-cpu/build.sh" "$tag" "$(ensure_image base)" ;;
       vllm-cpu-ray) "$here/images/vllm-cpu-ray/build.sh" "$tag" "$(ensure_image vllm-cpu)" ;;
       *) log "no build rule for image $name"; exit 2 ;;

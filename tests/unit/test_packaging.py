@@ -4,6 +4,7 @@ with the pins CI installs."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -389,8 +390,28 @@ def test_execution_environment_schema_basics(ee):
     assert set(deps["ansible_core"]) == {"package_pip"}
     assert set(deps["ansible_runner"]) == {"package_pip"}
     assert set(deps["python_interpreter"]) <= {"package_system", "python_path"}
-    assert all(isinstance(c["name"], str) and isinstance(c["version"], str) for c in deps["galaxy"]["collections"])
+    assert all(isinstance(c["name"], str) for c in deps["galaxy"]["collections"])
+    assert all(isinstance(c["version"], str) for c in _galaxy_collections(ee))
     assert isinstance(deps["python"], list) and isinstance(deps["system"], list)
+
+
+def _galaxy_collections(ee: dict) -> list[dict]:
+    """The EE's collections from Galaxy (gpufleet.serving itself comes as a file)."""
+    return [c for c in ee["dependencies"]["galaxy"]["collections"] if c.get("type") != "file"]
+
+
+def test_execution_environment_holds_the_collection_it_builds(ee):
+    """The image carries gpufleet.serving itself: the tarball `make build-collection` writes for
+    galaxy.yml's version, copied into the build context and installed from there."""
+    galaxy = _load(ROOT / "galaxy.yml")
+    tarball = "%s-%s-%s.tar.gz" % (galaxy["namespace"], galaxy["name"], galaxy["version"])
+    files = [c for c in ee["dependencies"]["galaxy"]["collections"] if c.get("type") == "file"]
+    assert files == [{"name": "collections/" + tarball, "type": "file"}]
+    (extra,) = ee["additional_build_files"]
+    assert extra["dest"] == "collections"
+    assert Path(extra["src"]).parent == Path(".cache/dist") and fnmatch.fnmatch(tarball, Path(extra["src"]).name)
+    makefile = (ROOT / "Makefile").read_text()
+    assert "collection build --force --output-path .cache/dist" in makefile
 
 
 def test_execution_environment_pins_what_ci_installs(ee):
@@ -418,7 +439,7 @@ def test_execution_environment_pins_what_ci_installs(ee):
 def test_execution_environment_collections_are_galaxy_yml_dependencies(ee):
     wanted = _load(ROOT / "galaxy.yml")["dependencies"]
     ranges = {c["name"]: c["version"] for c in _load(ROOT / "collections" / "requirements.yml")["collections"]}
-    got = {c["name"]: c["version"] for c in ee["dependencies"]["galaxy"]["collections"]}
+    got = {c["name"]: c["version"] for c in _galaxy_collections(ee)}
     assert got.keys() == wanted.keys()
     for name, version in got.items():
         assert version.startswith("=="), "%s: the EE pins exact versions" % name
@@ -436,7 +457,7 @@ def test_execution_environment_collections_are_the_tested_ones(ee):
         pytest.skip("PyPI's ansible package is not installed")
     if dist.version != pinned:
         pytest.skip("ansible %s installed, constraints.txt pins %s" % (dist.version, pinned))
-    for entry in ee["dependencies"]["galaxy"]["collections"]:
+    for entry in _galaxy_collections(ee):
         manifest = Path(dist.locate_file("ansible_collections/%s/MANIFEST.json" % entry["name"].replace(".", "/")))
         shipped = json.loads(manifest.read_text())["collection_info"]["version"]
         assert entry["version"] == "==" + shipped, "ansible %s ships %s %s" % (pinned, entry["name"], shipped)
