@@ -13,13 +13,17 @@ with the OpenAI client: gpufleet's bench extra, which `make demo` installs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,48 @@ def state_dir() -> Path:
 
 def _say(msg: str) -> None:
     print("gpufleet demo: %s" % msg, file=sys.stderr, flush=True)
+
+
+class Phases:
+    """The demo's phases: each says when it starts, every `every` seconds while it runs (with its
+    elapsed time), and when it ends if it took over 5 s; `table()` gives every phase's time.
+    Phases may run at once (each from its own thread)."""
+
+    def __init__(self, say: Callable[[str], None] | None = None, every: float = 10.0) -> None:
+        self.say = say or _say
+        self.every = every
+        self.times: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        self.say("%s ..." % name)
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.every):
+                self.say("%s ... %.0f s" % (name, time.monotonic() - started))
+
+        ticker = threading.Thread(target=beat, daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            ticker.join()
+            took = time.monotonic() - started
+            with self._lock:
+                self.times.append((name, took))
+            if took > 5:
+                self.say("%s: done in %.0f s" % (name, took))
+
+    def table(self, total: float) -> str:
+        width = max([len(n) for n, _ in self.times] + [len("total (wall clock)")])
+        lines = ["%-*s  %7s" % (width, "phase", "seconds")]
+        lines += ["%-*s  %7.1f" % (width, name, took) for name, took in self.times]
+        lines.append("%-*s  %7.1f" % (width, "total (wall clock)", total))
+        return "\n".join(lines)
 
 
 def _docker(*args: str, check: bool = False) -> subprocess.CompletedProcess:
@@ -149,25 +195,53 @@ def ready_screen(url: str, key: str, took: float) -> str:
 
 def up(verbose: int = 0) -> int:
     started = time.monotonic()
+    phases = Phases()
+    try:
+        return _up(phases, verbose, started)
+    finally:
+        if phases.times:
+            print(
+                "\nWhere the time went (phases side by side overlap; the images and the model are cached "
+                "by the hash of their recipes)\n" + phases.table(time.monotonic() - started),
+                file=sys.stderr,
+            )
+
+
+def _up(phases: Phases, verbose: int, started: float) -> int:
     inventory = _inventory()
     try:
         bench.require_openai()  # the streamed answer at the end: say so before anything is built
     except bench.MissingClientError as exc:
         raise lab.LabError("%s; the demo streams its answer with it" % exc) from None
     state = _load_state()
-    _say("checking the Docker engine (installs docker.io and starts dockerd when missing)")
-    lab.harness("docker")
+    with phases.phase("Docker engine (installs docker.io and starts dockerd when missing)"):
+        lab.harness("docker")
     if "images_before" not in state:
         state["images_before"] = sorted(_images())
         state["had_network"] = _docker("network", "inspect", "gpufleet-lab").returncode == 0
         _save_state(state)
-    _say("lab images and the tiny model (cached by the hash of their recipes)")
-    host_image = lab.harness("image", "host")
-    vllm_image = lab.harness("image", "vllm-cpu")
-    archive = Path(lab.harness("archive", "vllm-cpu")).name
-    model = Path(lab.harness("model", MODEL)).name
-    _say("starting the demo host")
-    lab.start_hosts(HOSTS, host_image, scenario="demo", nested_docker=True)
+
+    # Two lines at once: the host image, then the demo host booting, beside the engine image,
+    # its archive for the host and the tiny model (the two cores share the builds' waits).
+    def host_line() -> None:
+        with phases.phase("host image"):
+            host_image = lab.harness("image", "host")
+        with phases.phase("demo host start (systemd)"):
+            lab.start_hosts(HOSTS, host_image, scenario="demo", nested_docker=True)
+
+    def engine_line() -> tuple[str, str, str]:
+        with phases.phase("engine image (vLLM CPU)"):
+            vllm_image = lab.harness("image", "vllm-cpu")
+        with phases.phase("engine image archive"):
+            archive = Path(lab.harness("archive", "vllm-cpu")).name
+        with phases.phase("tiny model"):
+            model = Path(lab.harness("model", MODEL)).name
+        return vllm_image, archive, model
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        host_done, engine_done = pool.submit(host_line), pool.submit(engine_line)
+        host_done.result()
+        vllm_image, archive, model = engine_done.result()
     key = _key()
     extravars = {
         "gpufleet_demo_image": vllm_image,
@@ -179,10 +253,12 @@ def up(verbose: int = 0) -> int:
         # the lab's ulimits (tests/lab/lab_vars.yml): the demo host's Docker cannot grant more
         **lab.lab_vars(),
     }
-    _say("site.yml on inventories/demo")
-    rc = run_playbook(
-        RunRequest(playbook="site", inventory=str(inventory), extravars=extravars, verbose=verbose, echo=verbose > 0)
-    )
+    with phases.phase("site.yml on inventories/demo"):
+        rc = run_playbook(
+            RunRequest(
+                playbook="site", inventory=str(inventory), extravars=extravars, verbose=verbose, echo=verbose > 0
+            )
+        )
     if rc != 0:
         _say(
             "site.yml failed (exit %d); the demo host is left as it is for a look (gpufleet demo down removes it)" % rc
@@ -197,7 +273,8 @@ def up(verbose: int = 0) -> int:
         "noise: the demo shows the path (proxy, engine, stream), not a model." % url
     )
     try:
-        stream_answer(url, key, "Say hello to a new gpufleet user.", cacert=ca_file())
+        with phases.phase("streamed answer"):
+            stream_answer(url, key, "Say hello to a new gpufleet user.", cacert=ca_file())
     except Exception as exc:  # the client's errors: connection, HTTP status, timeout
         _say(
             "site.yml passed but the stream through %s failed (%s: %s); `gpufleet demo status` shows the engine"

@@ -40,12 +40,18 @@ fi
 log() { printf 'lab: %s\n' "$*" >&2; }
 
 apt_install() {
+  # one install at a time (the demo builds two images at once; both may want debootstrap):
+  # the check is made again under the lock
   local missing=()
+  exec 9>"${TMPDIR:-/tmp}/gpufleet-lab-apt.lock"
+  flock 9
   for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p"); done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  log "installing Debian packages: ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  fi
+  flock -u 9
 }
 
 ensure_docker() {

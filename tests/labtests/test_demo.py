@@ -92,6 +92,13 @@ def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
         assert again.returncode == 0
         assert re.search(r"^  demo-gpu\s+ok\s+\d+\s+changed\s+0\s", again.stdout, re.M), "second up changed something"
         assert "A streamed answer through the proxy" in again.stdout
+        # each phase timed, in a table at the end (on stderr); printed for the note's figures
+        for run in (up, again):
+            table = run.stderr.split("Where the time went", 1)[1].splitlines()[1:]
+            timed = {line.rsplit(None, 1)[0].strip(): float(line.rsplit(None, 1)[1]) for line in table[1:] if line}
+            assert {"host image", "engine image (vLLM CPU)", "tiny model", "site.yml on inventories/demo",
+                    "streamed answer", "total (wall clock)"} <= timed.keys(), table  # fmt: skip
+            print("demo up phases:", json.dumps(timed))
     finally:
         down = _gpufleet("demo", "down")
     assert down.returncode == 0

@@ -39,3 +39,39 @@ def test_demo_up_without_the_openai_client_stops_before_building_anything(monkey
     monkeypatch.setattr(demo.lab, "harness", no_docker)
     with pytest.raises(demo.lab.LabError, match=r"pip install 'gpufleet\[bench\]'.*the demo streams its answer"):
         demo.up()
+
+
+def test_phases_report_progress_while_they_run_and_time_each_one():
+    """A phase says when it starts, every `every` seconds while it runs (with the elapsed
+    time), and when it ends past 5 s; two at once from two threads are both timed."""
+    import threading
+    import time
+
+    from gpufleet.demo import Phases
+
+    said: list[str] = []
+    phases = Phases(say=said.append, every=0.05)
+    with phases.phase("engine image"):
+        time.sleep(0.23)
+
+    def other() -> None:
+        with phases.phase("host image"):
+            time.sleep(0.01)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    with phases.phase("tiny model"):
+        time.sleep(0.06)
+    worker.join()
+    assert said[0] == "engine image ..."
+    beats = [s for s in said if s.startswith("engine image ... ")]
+    assert len(beats) >= 3 and all(s.endswith(" s") for s in beats), said
+    assert [n for n, _ in phases.times][0] == "engine image"
+    assert sorted(n for n, _ in phases.times) == ["engine image", "host image", "tiny model"]
+    assert 0.2 < dict(phases.times)["engine image"] < 5
+    table = phases.table(1.5).splitlines()
+    assert table[0].split() == ["phase", "seconds"]
+    assert table[-1].split()[-1] == "1.5" and table[-1].startswith("total (wall clock)")
+    assert any(line.startswith("engine image") and line.split()[-1] == "%.1f" % dict(phases.times)["engine image"]
+               for line in table)  # fmt: skip
+    assert not any("done in" in s for s in said)  # none took over 5 s
