@@ -25,7 +25,9 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 # The main venv's Python: 3.13 (ansible-core 2.21, the newest line, needs 3.12 or newer), found on
 # PATH, in pyenv or uv (tests/find-python.sh); PYTHON=... picks another (3.12 takes the same pins).
-PYTHON ?= $(shell tests/find-python.sh 3.13 2>/dev/null || echo python3.13)
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell tests/find-python.sh 3.13 2>/dev/null || echo python3.13)
+endif
 VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -64,8 +66,8 @@ gpu-check:
 # Python environment, pinned by requirements/constraints.txt (what CI tested).
 setup: $(STAMP)
 $(STAMP): pyproject.toml requirements/constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 12))' 2>/dev/null || { \
-	  echo "make setup: the main venv needs Python 3.12 or 3.13 (ansible-core 2.21); $(PYTHON) is missing or older." \
+	@$(PYTHON) -c 'import sys; sys.exit(not (3, 12) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null || { \
+	  echo "make setup: the main venv needs Python 3.12 or 3.13 (ansible-core 2.21); $(PYTHON) is missing, older or newer than 3.13." \
 	    "Install 3.13 (pyenv install 3.13, uv python install 3.13, or your distribution's python3.13), or set" \
 	    "PYTHON=/path/to/python3.12. A Python 3.11 controller runs gpufleet with ansible-core 2.19:" \
 	    "pip install -c requirements/core-2.19.txt -e '.[test]'" >&2; exit 1; }

@@ -29,8 +29,9 @@ one() {  # the venv for the pair $1 (made once per pins), then the unit tests an
   echo "=== unit tests on $("$venv/bin/python" --version), ansible-core $("$venv/bin/python" -c \
     'from ansible.release import __version__; print(__version__)') ($venv)"
   "$venv/bin/python" -m pytest -q -p no:cacheprovider || rc=$?
+  # one sanity run at a time: ansible-test's cached venvs (~/.ansible/test) have no lock of their own
   echo "=== ansible-test sanity on ansible-core $core"
-  BIN="$PWD/$venv/bin" tests/sanity/run.sh || rc=$?
+  BIN="$PWD/$venv/bin" flock "${TMPDIR:-/tmp}/gpufleet-sanity.lock" tests/sanity/run.sh || rc=$?
   return "$rc"
 }
 

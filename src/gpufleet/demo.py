@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -222,26 +222,41 @@ def _up(phases: Phases, verbose: int, started: float) -> int:
         _save_state(state)
 
     # Two lines at once: the host image, then the demo host booting, beside the engine image,
-    # its archive for the host and the tiny model (the two cores share the builds' waits).
+    # its archive for the host and the tiny model (the two cores share the builds' waits). When
+    # one line fails, it is said at once and the other starts no further phase.
+    failed = threading.Event()
+
+    def step(name: str, work: Callable[[], Any]) -> Any:
+        if failed.is_set():
+            raise lab.LabError("%s not started: the other line failed" % name)
+        try:
+            with phases.phase(name):
+                return work()
+        except Exception as exc:
+            failed.set()
+            _say("%s failed: %s" % (name, exc))
+            raise
+
     def host_line() -> None:
-        with phases.phase("host image"):
-            host_image = lab.harness("image", "host")
-        with phases.phase("demo host start (systemd)"):
-            lab.start_hosts(HOSTS, host_image, scenario="demo", nested_docker=True)
+        host_image = step("host image", lambda: lab.harness("image", "host"))
+        step(
+            "demo host start (systemd)",
+            lambda: lab.start_hosts(HOSTS, host_image, scenario="demo", nested_docker=True),
+        )
 
     def engine_line() -> tuple[str, str, str]:
-        with phases.phase("engine image (vLLM CPU)"):
-            vllm_image = lab.harness("image", "vllm-cpu")
-        with phases.phase("engine image archive"):
-            archive = Path(lab.harness("archive", "vllm-cpu")).name
-        with phases.phase("tiny model"):
-            model = Path(lab.harness("model", MODEL)).name
+        vllm_image = step("engine image (vLLM CPU)", lambda: lab.harness("image", "vllm-cpu"))
+        archive = Path(step("engine image archive", lambda: lab.harness("archive", "vllm-cpu"))).name
+        model = Path(step("tiny model", lambda: lab.harness("model", MODEL))).name
         return vllm_image, archive, model
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         host_done, engine_done = pool.submit(host_line), pool.submit(engine_line)
-        host_done.result()
-        vllm_image, archive, model = engine_done.result()
+        wait([host_done, engine_done], return_when=FIRST_EXCEPTION)
+        if failed.is_set() and not (host_done.done() and engine_done.done()):
+            _say("waiting for the other line's running step to end (nothing new starts)")
+    host_done.result()  # the first failure, raised
+    vllm_image, archive, model = engine_done.result()
     key = _key()
     extravars = {
         "gpufleet_demo_image": vllm_image,

@@ -706,7 +706,7 @@ def execute(req: RunRequest, view: RunView, err: TextIO | None = None) -> Outcom
     except UsageError as exc:
         print("gpufleet: %s" % exc, file=err)
         return Outcome(rc=1, status="not started", log=None, view=view)
-    if req.verbose > 0:
+    if req.verbose > 0 or req.options().verbosity:  # -v given to gpufleet, or passed through to ansible-playbook
         print(describe_config(kwargs["envvars"]), file=err)
     options = argparse.Namespace(**vars(req.options()))  # a copy: the request keeps what was given
     options.ask_vault_pass = options.ask_vault_pass or req.ask_vault_pass

@@ -44,14 +44,15 @@ apt_install() {
   # the check is made again under the lock
   local missing=()
   exec 9>"${TMPDIR:-/tmp}/gpufleet-lab-apt.lock"
-  flock 9
+  flock -w 900 9 || { log "another apt install of the lab held its lock for 15 minutes"; exit 1; }
   for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p"); done
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing Debian packages: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+    # the lock's descriptor is not handed to apt (a daemon a package starts would keep it)
+    apt-get update -qq 9>&-
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 9>&-
   fi
-  flock -u 9
+  exec 9>&-
 }
 
 ensure_docker() {

@@ -52,7 +52,7 @@ def test_phases_report_progress_while_they_run_and_time_each_one():
     said: list[str] = []
     phases = Phases(say=said.append, every=0.05)
     with phases.phase("engine image"):
-        time.sleep(0.23)
+        time.sleep(0.5)
 
     def other() -> None:
         with phases.phase("host image"):
@@ -66,9 +66,9 @@ def test_phases_report_progress_while_they_run_and_time_each_one():
     assert said[0] == "engine image ..."
     beats = [s for s in said if s.startswith("engine image ... ")]
     assert len(beats) >= 3 and all(s.endswith(" s") for s in beats), said
-    assert [n for n, _ in phases.times][0] == "engine image"
+    assert phases.times[0][0] == "engine image"
     assert sorted(n for n, _ in phases.times) == ["engine image", "host image", "tiny model"]
-    assert 0.2 < dict(phases.times)["engine image"] < 5
+    assert 0.45 < dict(phases.times)["engine image"] < 5
     table = phases.table(1.5).splitlines()
     assert table[0].split() == ["phase", "seconds"]
     assert table[-1].split()[-1] == "1.5" and table[-1].startswith("total (wall clock)")

@@ -436,7 +436,13 @@ def test_v_is_ansibles_verbosity_and_shows_its_output(fake, tmp_path, capsys):
     assert "      gpu-a" in capsys.readouterr().out.splitlines()
     f = fake([_echoed("gpu-a")])
     assert cli.main(["deploy", "-i", str(inv)]) == 0
-    assert "cmdline" not in f.kwargs and "      gpu-a" not in capsys.readouterr().out.splitlines()
+    said = capsys.readouterr()
+    assert "cmdline" not in f.kwargs and "      gpu-a" not in said.out.splitlines()
+    assert "Ansible configuration" not in said.err
+    # -v also names the configuration in force, on stderr: with --json too (status, deploy)
+    fake([])
+    assert cli.main(["status", "-i", str(inv), "--json", "-v"]) == 0
+    assert "gpufleet: Ansible configuration " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
