@@ -478,3 +478,48 @@ def test_ruff_reads_every_python_script_without_an_extension():
             scripts.add(name)
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert scripts and scripts == set(config["tool"]["ruff"]["extend-include"])
+
+
+# --- ansible-core lines -------------------------------------------------------------------
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version.strip()
+    return pins
+
+
+def test_every_tested_ansible_core_line_is_admitted_and_none_above():
+    """The ranges follow what is tested: each pins file's ansible-core (the main venv's 2.21 and
+    make pythons' 2.19 and 2.20) is inside pyproject's range and the collection's
+    requires_ansible; pyproject stops after the newest tested line (so pip never takes an
+    untested core, and never downgrades a tested one); each pins file's `ansible` (the community
+    collections) is inside the collections extra; and each pins file names a Python line that
+    exists for it in make pythons or make setup."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core_range = next(SpecifierSet(str(Requirement(r).specifier)) for r in project["dependencies"]
+                      if Requirement(r).name == "ansible-core")  # fmt: skip
+    collections_range = Requirement(project["optional-dependencies"]["collections"][0]).specifier
+    runtime = SpecifierSet(_load(ROOT / "meta" / "runtime.yml")["requires_ansible"])
+    files = [ROOT / "requirements" / "constraints.txt", *sorted((ROOT / "requirements").glob("core-*.txt"))]
+    cores = {}
+    for path in files:
+        pins = _pins(path)
+        cores[path.name] = pins["ansible-core"]
+        assert core_range.contains(pins["ansible-core"]) and runtime.contains(pins["ansible-core"]), path.name
+        assert collections_range.contains(pins["ansible"]), path.name
+        if path.name.startswith("core-"):
+            assert pins["ansible-core"].startswith(path.name[len("core-") : -len(".txt")] + "."), path.name
+    lines = sorted({tuple(int(x) for x in v.split(".")[:2]) for v in cores.values()})
+    assert lines == [(2, 19), (2, 20), (2, 21)], cores
+    newest = "%d.%d" % lines[-1]
+    assert cores["constraints.txt"].startswith(newest + "."), "make test runs on the newest line"
+    assert not core_range.contains("%d.%d.0" % (lines[-1][0], lines[-1][1] + 1)), "an untested line is admitted"
+    assert not core_range.contains("2.18.0") and not runtime.contains("2.18.0")
+    makefile = (ROOT / "Makefile").read_text()
+    pairs = re.search(r"^PYTHONS \?= (.*)$", makefile, re.M).group(1).split()
+    assert sorted(pair.split(":")[1] for pair in pairs) == ["2.19", "2.20"]
