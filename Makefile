@@ -23,14 +23,20 @@
 #   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
-# The main venv's Python: 3.13 (ansible-core 2.21, the newest line, needs 3.12 or newer), found on
-# PATH, in pyenv or uv (tests/find-python.sh); PYTHON=... picks another (3.12 takes the same pins).
+# The main venv's Python: the newest of 3.13, 3.12 and 3.11 found on PATH, in pyenv or uv
+# (tests/find-python.sh); PYTHON=... picks another. 3.13 and 3.12 take CI's pins
+# (requirements/constraints.txt: ansible-core 2.21, which needs 3.12 or newer); 3.11 (a fresh
+# Debian 12) takes ansible-core 2.19's (requirements/core-2.19.txt), which make pythons tests.
 ifeq ($(origin PYTHON),undefined)
-PYTHON := $(shell tests/find-python.sh 3.13 2>/dev/null || echo python3.13)
+PYTHON := $(shell for v in 3.13 3.12 3.11; do tests/find-python.sh $$v 2>/dev/null && break; done || true)
+PYTHON := $(or $(PYTHON),python3)
 endif
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PINS := $(if $(filter 3.11,$(PYVER)),requirements/core-2.19.txt,requirements/constraints.txt)
 VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
-STAMP := $(VENV)/.installed
+# one stamp per Python line: another Python makes the venv again
+STAMP := $(VENV)/.installed-py$(PYVER)
 export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
@@ -63,20 +69,20 @@ demo-down: setup
 gpu-check:
 	python3 tools/gpu-check.py
 
-# Python environment, pinned by requirements/constraints.txt (what CI tested).
+# Python environment, pinned by $(PINS) (what CI tested: constraints.txt on 3.13).
 setup: $(STAMP)
-$(STAMP): pyproject.toml requirements/constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(not (3, 12) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null || { \
-	  echo "make setup: the main venv needs Python 3.12 or 3.13 (ansible-core 2.21); $(PYTHON) is missing, older or newer than 3.13." \
-	    "Install 3.13 (pyenv install 3.13, uv python install 3.13, or your distribution's python3.13), or set" \
-	    "PYTHON=/path/to/python3.12. A Python 3.11 controller runs gpufleet with ansible-core 2.19:" \
-	    "pip install -c requirements/core-2.19.txt -e '.[test]'" >&2; exit 1; }
-	@# a venv of another Python (3.11 before ansible-core 2.21) is made anew
-	@v='import sys; print(sys.version_info[:2])'; [ "$$($(BIN)/python -c "$$v" 2>/dev/null)" = "$$($(PYTHON) -c "$$v")" ] \
+$(STAMP): pyproject.toml $(PINS)
+	@case "$(PYVER)" in 3.11|3.12|3.13) ;; *) echo "make setup: gpufleet needs Python 3.11, 3.12 or 3.13;" \
+	  "'$(PYTHON)' is $(or $(PYVER),missing). Install 3.13 (pyenv install 3.13, uv python install 3.13) or set" \
+	  "PYTHON=/path/to/python3.X" >&2; exit 1 ;; esac
+	@if [ "$(PYVER)" = 3.11 ]; then echo "make setup: Python 3.11 (no 3.12 or 3.13 found): ansible-core 2.19" \
+	  "from $(PINS); CI runs 2.21 on Python 3.13" >&2; fi
+	@# a venv of another Python is made anew
+	@[ "$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$(PYVER)" ] \
 	  || rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade 'pip>=24'
-	$(BIN)/pip install --quiet -c requirements/constraints.txt -e '.[test]'
+	$(BIN)/pip install --quiet -c $(PINS) -e '.[test]'
 	touch $@
 
 constraints: $(STAMP)
