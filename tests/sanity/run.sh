@@ -54,22 +54,13 @@ if [ ! -s "$GET_PIP" ] || grep -q "Stand-in for get-pip.py in ansible-test" "$GE
   cp "$ROOT/tests/sanity/get_pip.py" "$GET_PIP"
 fi
 
-# A runnable pythonX.Y on PATH: as it is, else a pyenv version's bin folder in front
-# (pyenv's shims answer only for the active version).
+# A runnable pythonX.Y on PATH: as it is, else the folder tests/find-python.sh finds it in
+# (pyenv's or uv's) put in front (pyenv's shims answer only for the active version).
 find_python() {
-  local version="$1" dir
-  if "python$version" -c '' 2>/dev/null; then
-    return 0
-  fi
-  if command -v pyenv >/dev/null; then
-    for dir in "$(pyenv root)"/versions/"$version".*/bin; do
-      if [ -x "$dir/python$version" ]; then
-        PATH="$dir:$PATH"
-        return 0
-      fi
-    done
-  fi
-  return 1
+  local found
+  "python$1" -c '' 2>/dev/null && return 0
+  found=$("$ROOT/tests/find-python.sh" "$1" 2>/dev/null) || return 1
+  PATH="$(dirname "$found"):$PATH"
 }
 
 # One exclusion, with its reason, kept here because ansible-lint's production profile
