@@ -130,6 +130,21 @@ def endpoint() -> str | None:
     return "https://%s:%d" % (address, PROXY_PORT) if proc.returncode == 0 and address else None
 
 
+def ssh_dir() -> Path:
+    """The demo host's ssh_config, known_hosts and Ansible's ControlPersist sockets (tests/lab/harness.sh ssh)."""
+    return state_dir() / "ssh"
+
+
+def connection() -> dict[str, str]:
+    """What inventories/demo needs to reach the demo host over SSH, as Ansible reaches a fleet: the folder
+    `harness.sh ssh` wrote (the lab key authorized for the login user, an ssh_config mapping the host's name to
+    its address, its host key in known_hosts). SSH with pipelining and ControlPersist costs less per task than
+    `docker exec` (docs/benchmarks.md). Made again when it is missing (a demo started by an older gpufleet)."""
+    if not (ssh_dir() / "ssh_config").is_file():
+        lab.harness("ssh", str(ssh_dir()), *HOSTS)
+    return {"gpufleet_demo_ssh_dir": str(ssh_dir())}
+
+
 def ca_file() -> Path:
     """The fleet CA's certificate, which site.yml copies here (gpufleet_tls_ca_copy): clients trust it."""
     return state_dir() / "ca.crt"
@@ -243,6 +258,8 @@ def _up(phases: Phases, verbose: int, started: float) -> int:
             "demo host start (systemd)",
             lambda: lab.start_hosts(HOSTS, host_image, scenario="demo", nested_docker=True),
         )
+        # a host started just now has a new address and host key: its SSH access is written again
+        step("demo host SSH access", lambda: lab.harness("ssh", str(ssh_dir()), *HOSTS))
 
     def engine_line() -> tuple[str, str, str]:
         vllm_image = step("engine image (vLLM CPU)", lambda: lab.harness("image", "vllm-cpu"))
@@ -263,6 +280,7 @@ def _up(phases: Phases, verbose: int, started: float) -> int:
         "gpufleet_demo_archive": "/srv/gpufleet-lab/images/" + archive,
         "gpufleet_demo_model": "/srv/gpufleet-lab/models/" + model,
         "gpufleet_demo_key": key,
+        **connection(),
         # the fleet CA's certificate for this machine's clients (the stream below, curl, bench)
         "gpufleet_tls_ca_copy": str(ca_file()),
         # the lab's ulimits (tests/lab/lab_vars.yml): the demo host's Docker cannot grant more
@@ -316,6 +334,7 @@ def down() -> int:
                 _docker("network", "rm", "gpufleet-lab")
     for name in ("state.json", "key", "ca.crt"):
         (state_dir() / name).unlink(missing_ok=True)
+    shutil.rmtree(ssh_dir(), ignore_errors=True)
     _say("removed (the model and image archives stay in the machine's cache, ~/.cache/gpufleet/lab)")
     return 0
 
@@ -324,4 +343,4 @@ def status(as_json: bool = False) -> int:
     if endpoint() is None:
         _say("not running (gpufleet demo up starts it)")
         return 1
-    return run_status(RunRequest(playbook="status", inventory=str(_inventory()), json=as_json))
+    return run_status(RunRequest(playbook="status", inventory=str(_inventory()), extravars=connection(), json=as_json))
