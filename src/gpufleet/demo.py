@@ -335,7 +335,10 @@ def down() -> int:
     for name in ("state.json", "key", "ca.crt"):
         (state_dir() / name).unlink(missing_ok=True)
     shutil.rmtree(ssh_dir(), ignore_errors=True)
-    _say("removed (the model and image archives stay in the machine's cache, ~/.cache/gpufleet/lab)")
+    _say(
+        "removed (the model and the image archives stay in the machine's cache, %s: the next up loads the "
+        "images from them)" % lab.harness("cache-dir")
+    )
     return 0
 
 

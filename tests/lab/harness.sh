@@ -2,7 +2,8 @@
 # gpufleet lab harness: makes this machine able to run lab hosts.
 #   harness.sh docker        install Debian's docker.io if needed, start dockerd if not running
 #   harness.sh image NAME    build lab image NAME (tests/lab/images/NAME) unless an image
-#                            with the same recipe hash exists; prints the image tag
+#                            with the same recipe hash exists, or load it from its archive in
+#                            the machine cache (the host and engine images); prints the image tag
 #   harness.sh image-tag NAME  print the tag the recipe hashes to (builds nothing)
 #   harness.sh archive NAME  image NAME as a docker-save archive in .cache/lab/images (prints the path)
 #   harness.sh model NAME    generate tiny model NAME in .cache/lab/models (prints the path)
@@ -90,11 +91,20 @@ image_tag() {
   echo "gpufleet-lab/$name:$h"
 }
 
+archive_file() { local tag=$1; echo "$cache/images/${tag//[\/:]/_}.tar"; }
+
 ensure_image() {
-  local name=$1 tag
+  local name=$1 tag file
   tag=$(image_tag "$name")
+  file=$(archive_file "$tag")
   if docker image inspect "$tag" >/dev/null 2>&1; then
     log "image $tag is cached"
+    if [ "$name" = host ] && [ ! -s "$file" ]; then save_archive "$tag" "$file"; fi
+  elif [ -s "$file" ] && docker load -q -i "$file" >&2 && docker image inspect "$tag" >/dev/null 2>&1; then
+    # the machine cache keeps the engine image's archive (the lab hosts load it) and the host
+    # image's: an image removed from Docker (`gpufleet demo down`, a prune) comes back from it
+    # in seconds, not the minutes of its build. The file is named by the recipe's hash.
+    log "image $tag loaded from the machine cache ($file)"
   else
     log "building $tag (recipe changed or first run)"
     case "$name" in
@@ -103,8 +113,17 @@ ensure_image() {
       vllm-cpu-ray) "$here/images/vllm-cpu-ray/build.sh" "$tag" "$(ensure_image vllm-cpu)" ;;
       *) log "no build rule for image $name"; exit 2 ;;
     esac
+    # the host image is small (about 260 MB) and every lab starts from it: kept as an archive too
+    if [ "$name" = host ]; then save_archive "$tag" "$file"; fi
   fi
   echo "$tag"
+}
+
+save_archive() {
+  local tag=$1 file=$2
+  mkdir -p "$(dirname "$file")"
+  log "saving $tag to $file"
+  docker save -o "$file.tmp.$$" "$tag" && mv "$file.tmp.$$" "$file"
 }
 
 archive() {
@@ -112,12 +131,8 @@ archive() {
   # the way an air-gapped host does. Named by the content-hashed tag: made once.
   local tag file
   tag=$(ensure_image "$1")
-  file="$cache/images/${tag//[\/:]/_}.tar"
-  if [ ! -s "$file" ]; then
-    mkdir -p "$cache/images"
-    log "saving $tag to $file"
-    docker save -o "$file.tmp" "$tag" && mv "$file.tmp" "$file"
-  fi
+  file=$(archive_file "$tag")
+  [ -s "$file" ] || save_archive "$tag" "$file"
   echo "$file"
 }
 

@@ -88,6 +88,15 @@ def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
         levels = json.loads(bench.stdout)["levels"]
         assert [lv["ok"] for lv in levels] == [4, 4] and [lv["output_tokens"] for lv in levels] == [32, 32]
 
+        # Ansible reached the host over SSH as the unprivileged login, with the lab's key
+        ssh_dir = cache_home / "gpufleet" / "demo" / "ssh"
+        assert (ssh_dir / "ssh_config").is_file() and (ssh_dir / "known_hosts").is_file()
+        journal = subprocess.run(
+            ["docker", "exec", "gpufleet-demo-demo-gpu", "journalctl", "-u", "ssh", "--no-pager"],
+            capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        assert "Accepted publickey for admin" in journal, journal[-2000:]
+
         again = _gpufleet("demo", "up")
         assert again.returncode == 0
         assert re.search(r"^  demo-gpu\s+ok\s+\d+\s+changed\s+0\s", again.stdout, re.M), "second up changed something"
@@ -105,3 +114,4 @@ def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
     assert _docker_lists() == before
     assert not (cache_home / "gpufleet" / "demo" / "key").exists()
     assert not (cache_home / "gpufleet" / "demo" / "ca.crt").exists()
+    assert not (cache_home / "gpufleet" / "demo" / "ssh").exists()
