@@ -1,17 +1,22 @@
 """`gpufleet demo up | status | down` as a new user runs it (through the CLI, in processes), plus
 `gpufleet bench` against the demo: up streams an answer through the real proxy and vLLM, a
-second up changes nothing, down leaves Docker's containers, volumes and images as they were."""
+second up changes nothing, an up after an edit of the demo's settings applies it (the engine
+restarted), down leaves Docker's containers, volumes and images as they were."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import HARNESS
 
 # make test-full only: the demo builds and converges its own host from bare
@@ -19,6 +24,7 @@ from conftest import HARNESS
 pytestmark = pytest.mark.full
 
 GPUFLEET = str(Path(sys.executable).parent / "gpufleet")
+DEMO_INVENTORY = Path(__file__).resolve().parents[2] / "inventories" / "demo"
 
 
 def _docker_lists():
@@ -51,7 +57,17 @@ def cache_home(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+def _max_model_len(url, key, ca):
+    """The context length the engine serves now, from /v1/models through the proxy."""
+    req = urllib.request.Request(url + "/v1/models", headers={"Authorization": "Bearer " + key})
+    with urllib.request.urlopen(req, timeout=30, context=ssl.create_default_context(cafile=str(ca))) as resp:
+        (model,) = json.load(resp)["data"]
+    return model["max_model_len"]
+
+
 def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
+    edit = DEMO_INVENTORY / "host_vars" / "demo-gpu.yml"
+    assert not edit.exists(), "%s is a user's own: the test does not overwrite it" % edit
     subprocess.run([HARNESS, "image", "host"], check=True, capture_output=True)
     subprocess.run([HARNESS, "model", "tiny-llama"], check=True, capture_output=True)
     before = _docker_lists()
@@ -108,7 +124,22 @@ def test_demo_up_status_bench_up_again_and_down(cache_home, vllm_image):
             assert {"host image", "engine image (vLLM CPU)", "tiny model", "site.yml on inventories/demo",
                     "streamed answer", "total (wall clock)"} <= timed.keys(), table  # fmt: skip
             print("demo up phases:", json.dumps(timed))
+
+        # an edit of the demo's settings, then `make demo` again: applied at once, the engine restarted
+        # (gpufleet_site_restarts: allow in inventories/demo; one host, nothing to roll to)
+        engines = yaml.safe_load((DEMO_INVENTORY / "group_vars" / "gpu_hosts.yml").read_text())["gpufleet_engines"]
+        assert _max_model_len(url, key, ca) == engines[0]["max_model_len"] != 1536
+        engines[0]["max_model_len"] = 1536
+        edit.parent.mkdir(exist_ok=True)
+        edit.write_text(yaml.safe_dump({"gpufleet_engines": engines}))
+        edited = _gpufleet("demo", "up")
+        assert edited.returncode == 0
+        assert re.search(r"^  demo-gpu\s+ok\s+\d+\s+changed\s+[1-9]", edited.stdout, re.M)
+        assert _max_model_len(url, key, ca) == 1536
     finally:
+        edit.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            edit.parent.rmdir()
         down = _gpufleet("demo", "down")
     assert down.returncode == 0
     assert _docker_lists() == before
