@@ -20,6 +20,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -135,14 +136,41 @@ def ssh_dir() -> Path:
     return state_dir() / "ssh"
 
 
-def connection() -> dict[str, str]:
-    """What inventories/demo needs to reach the demo host over SSH, as Ansible reaches a fleet: the folder
-    `harness.sh ssh` wrote (the lab key authorized for the login user, an ssh_config mapping the host's name to
-    its address, its host key in known_hosts). SSH with pipelining and ControlPersist costs less per task than
-    `docker exec` (docs/benchmarks.md). Made again when it is missing (a demo started by an older gpufleet)."""
-    if not (ssh_dir() / "ssh_config").is_file():
-        lab.harness("ssh", str(ssh_dir()), *HOSTS)
-    return {"gpufleet_demo_ssh_dir": str(ssh_dir())}
+def _control_dir_file() -> Path:
+    return ssh_dir() / "control-dir"  # where Ansible's ControlPersist sockets are, when not in ssh_dir()/cp
+
+
+def _control_dir() -> Path:
+    path = _control_dir_file()
+    return Path(path.read_text().strip()) if path.is_file() else ssh_dir() / "cp"
+
+
+def _drop_control_dir() -> None:
+    if _control_dir_file().is_file():
+        shutil.rmtree(_control_dir(), ignore_errors=True)
+        _control_dir_file().unlink()
+
+
+def write_ssh_access() -> None:
+    """`harness.sh ssh` for the demo host: the lab key authorized for the login user, an ssh_config that maps the
+    host's name to its address, its host key in known_hosts, and an empty folder for Ansible's ControlPersist
+    sockets (a master left from an earlier host would take the connections to a container that is gone).
+    A Unix socket's path holds at most 107 bytes and ssh first binds the socket's name plus 17 characters:
+    under a deep cache folder (XDG_CACHE_HOME) the sockets go to a private folder of their own in the
+    temporary folder, named in ssh_dir()/control-dir."""
+    _drop_control_dir()
+    lab.harness("ssh", str(ssh_dir()), *HOSTS)
+    if len(str(ssh_dir() / "cp")) > 70:
+        _control_dir_file().write_text(tempfile.mkdtemp(prefix="gpufleet-demo-cp-") + "\n")
+
+
+def connection(refresh: bool = False) -> dict[str, str]:
+    """What inventories/demo needs to reach the demo host over SSH, as Ansible reaches a fleet (write_ssh_access).
+    SSH with pipelining and ControlPersist costs less per task than `docker exec` (docs/benchmarks.md). Written
+    again when asked (the host's address may have changed) or missing (a demo started by an older gpufleet)."""
+    if refresh or not (ssh_dir() / "ssh_config").is_file():
+        write_ssh_access()
+    return {"gpufleet_demo_ssh_dir": str(ssh_dir()), "gpufleet_demo_control_path_dir": str(_control_dir())}
 
 
 def ca_file() -> Path:
@@ -259,7 +287,7 @@ def _up(phases: Phases, verbose: int, started: float) -> int:
             lambda: lab.start_hosts(HOSTS, host_image, scenario="demo", nested_docker=True),
         )
         # a host started just now has a new address and host key: its SSH access is written again
-        step("demo host SSH access", lambda: lab.harness("ssh", str(ssh_dir()), *HOSTS))
+        step("demo host SSH access", write_ssh_access)
 
     def engine_line() -> tuple[str, str, str]:
         vllm_image = step("engine image (vLLM CPU)", lambda: lab.harness("image", "vllm-cpu"))
@@ -334,10 +362,13 @@ def down() -> int:
                 _docker("network", "rm", "gpufleet-lab")
     for name in ("state.json", "key", "ca.crt"):
         (state_dir() / name).unlink(missing_ok=True)
+    _drop_control_dir()
     shutil.rmtree(ssh_dir(), ignore_errors=True)
+    # harness.sh's machine cache (GPUFLEET_CACHE, else XDG_CACHE_HOME's or ~/.cache's gpufleet)
+    machine = Path(os.environ.get("GPUFLEET_CACHE") or cache_dir())
     _say(
         "removed (the model and the image archives stay in the machine's cache, %s: the next up loads the "
-        "images from them)" % lab.harness("cache-dir")
+        "images from them)" % (machine / "lab")
     )
     return 0
 
@@ -346,4 +377,7 @@ def status(as_json: bool = False) -> int:
     if endpoint() is None:
         _say("not running (gpufleet demo up starts it)")
         return 1
-    return run_status(RunRequest(playbook="status", inventory=str(_inventory()), extravars=connection(), json=as_json))
+    # written again: a container restarted by hand may have another address
+    return run_status(
+        RunRequest(playbook="status", inventory=str(_inventory()), extravars=connection(refresh=True), json=as_json)
+    )

@@ -99,13 +99,15 @@ ensure_image() {
   file=$(archive_file "$tag")
   if docker image inspect "$tag" >/dev/null 2>&1; then
     log "image $tag is cached"
-    if [ "$name" = host ] && [ ! -s "$file" ]; then save_archive "$tag" "$file"; fi
+    if [ "$name" = host ] && [ ! -s "$file" ]; then keep_archive "$tag" "$file"; fi
   elif [ -s "$file" ] && docker load -q -i "$file" >&2 && docker image inspect "$tag" >/dev/null 2>&1; then
     # the machine cache keeps the engine image's archive (the lab hosts load it) and the host
     # image's: an image removed from Docker (`gpufleet demo down`, a prune) comes back from it
     # in seconds, not the minutes of its build. The file is named by the recipe's hash.
     log "image $tag loaded from the machine cache ($file)"
   else
+    # an archive Docker could not load is not handed to lab hosts either: made again below
+    if [ -s "$file" ]; then log "could not load $file: removed, $tag is built again"; rm -f "$file"; fi
     log "building $tag (recipe changed or first run)"
     case "$name" in
       host|base|ee-base) apt_install debootstrap; "$here/images/$name/build.sh" "$tag" "$(debian_mirror)" "$(ca_bundle)" ;;
@@ -113,17 +115,24 @@ ensure_image() {
       vllm-cpu-ray) "$here/images/vllm-cpu-ray/build.sh" "$tag" "$(ensure_image vllm-cpu)" ;;
       *) log "no build rule for image $name"; exit 2 ;;
     esac
-    # the host image is small (about 260 MB) and every lab starts from it: kept as an archive too
-    if [ "$name" = host ]; then save_archive "$tag" "$file"; fi
+    # the host image is small (about 270 MB) and every lab starts from it: kept as an archive too
+    if [ "$name" = host ]; then keep_archive "$tag" "$file"; fi
   fi
   echo "$tag"
 }
 
 save_archive() {
+  # written under a name of this process's own, then moved: a reader never sees half a file, and
+  # a failed save (a full disk) leaves nothing behind
   local tag=$1 file=$2
   mkdir -p "$(dirname "$file")"
   log "saving $tag to $file"
-  docker save -o "$file.tmp.$$" "$tag" && mv "$file.tmp.$$" "$file"
+  if docker save -o "$file.tmp.$$" "$tag"; then mv "$file.tmp.$$" "$file"; else rm -f "$file.tmp.$$"; return 1; fi
+}
+
+keep_archive() {
+  # the host image's archive only spares a later build: a run whose image is there goes on without it
+  save_archive "$@" || log "could not keep $1 as $2 (the image itself is fine)"
 }
 
 archive() {

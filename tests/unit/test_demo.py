@@ -4,7 +4,9 @@ itself runs in tests/labtests/test_demo.py)."""
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,40 @@ def test_phases_report_progress_while_they_run_and_time_each_one():
     assert any(line.startswith("engine image") and line.split()[-1] == "%.1f" % dict(phases.times)["engine image"]
                for line in table)  # fmt: skip
     assert not any("done in" in s for s in said)  # none took over 5 s
+
+
+@pytest.mark.parametrize("depth", [1, 12])
+def test_the_demo_hosts_control_sockets_fit_a_unix_socket_path_under_any_cache_folder(monkeypatch, tmp_path, depth):
+    """ssh binds ControlPath plus 17 characters first, and a Unix socket's path holds at most 107 bytes: under
+    a deep XDG_CACHE_HOME the sockets go to a private folder of their own, removed again by the next write."""
+    # pytest's tmp_path is itself long: the shallow case takes a short folder of its own
+    base = Path(tempfile.mkdtemp(prefix="gd-")) if depth == 1 else tmp_path
+    cache = base.joinpath(*["deep-folder"] * depth)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    calls = []
+
+    def harness(*args):  # harness.sh ssh writes the ssh folder and its cp/
+        calls.append(args)
+        (Path(args[1]) / "cp").mkdir(parents=True, exist_ok=True)
+        (Path(args[1]) / "ssh_config").write_text("Host *\n")
+        return str(Path(args[1]) / "ssh_config")
+
+    monkeypatch.setattr(demo.lab, "harness", harness)
+    first = demo.connection()
+    assert calls == [("ssh", str(cache / "gpufleet" / "demo" / "ssh"), "gpufleet-demo-demo-gpu")]
+    assert first["gpufleet_demo_ssh_dir"] == str(cache / "gpufleet" / "demo" / "ssh")
+    control = Path(first["gpufleet_demo_control_path_dir"])
+    # Ansible's socket name: 10 characters of a hash after the folder
+    assert len(str(control / ("x" * 10))) + 17 <= 107 and control.is_dir()
+    if depth == 1:
+        assert control == cache / "gpufleet" / "demo" / "ssh" / "cp"
+    else:
+        assert control.stat().st_mode & 0o777 == 0o700 and control.name.startswith("gpufleet-demo-cp-")
+    assert demo.connection() == first and len(calls) == 1  # kept while the ssh_config is there
+    again = demo.connection(refresh=True)  # status: written again, a fresh socket folder
+    assert len(calls) == 2 and not (depth > 1 and control.exists())
+    assert Path(again["gpufleet_demo_control_path_dir"]).is_dir()
+    demo._drop_control_dir()  # what down does before it removes the ssh folder
+    assert depth == 1 or not Path(again["gpufleet_demo_control_path_dir"]).exists()
+    if depth == 1:
+        shutil.rmtree(base)
