@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import KEY_CHARS, KEY_NAME, MIN_KEY_LENGTH
 from ansible_collections.gpufleet.serving.plugins.module_utils._published import published, tls_names_errors
 
 DURATION_UNITS = ("ms", "s", "m", "h", "d")
@@ -44,15 +45,27 @@ def backends(names, hostvars) -> list:
                 "port": proxy["port"],
                 "fleet_ca": proxy["fleet_ca"],
                 "certificate": certificate,
-                # the instances its proxy fronts (names and served model names only: never a key)
+                # the instances its proxy fronts (names and served model names only: never a key),
+                # with what each serves under that name (its model and context length)
                 "instances": [
-                    {"name": e["name"], "model": e["served_model_name"]}
+                    {
+                        "name": e["name"],
+                        "model": e["served_model_name"],
+                        "source": e.get("model") or "",
+                        "max_model_len": e.get("max_model_len"),
+                    }
                     for e in published("engine", hv)["instances"]
                     if e["name"] in fronted
                 ],
             }
         )
     return out
+
+
+def _host_model(host):
+    """The model a backend's proxy serves (its site balances replicas of one model), or None."""
+    models = sorted({i["model"] for i in host.get("instances") or []})
+    return models[0] if models else None
 
 
 def plan_edge(params, hosts, batch=None, held=None) -> dict:
@@ -89,34 +102,60 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
             "edge_drained=%s takes every host of edge_backend_group=%s out of service: leave at least one in service."
             % (drained, group)
         )
+    # each model the fleet serves, with the hosts that serve it (a host's proxy serves one model)
+    model_hosts = {}
+    for h in hosts:
+        model = _host_model(h)
+        if model is not None:
+            model_hosts.setdefault(model, []).append(h["name"])
+    for model, serving in sorted(model_hosts.items()):
+        if len(model_hosts) > 1 and not [n for n in serving if n not in drained]:
+            errors.append(
+                "edge_drained=%s takes every host serving the model %s (%s) out of service: leave one of them in "
+                "service, or the edge answers 404 for that model." % (drained, model, ", ".join(serving))
+            )
     down = [n for n in names if n in drained]
     # left out by a failed rollout: out of service too, unless that would leave none in service
     held = [n for n in names if n in (held or []) and n not in down]
     kept = []  # held, but kept in service: the edge would have none otherwise (still in the record)
-    if held and not [n for n in names if n not in down and n not in held]:
-        warnings.append(
-            "every backend still in service behind the edge was left out by a failed rollout (%s): they stay in "
-            "service rather than none; fix them and run the rollout again." % ", ".join(held)
-        )
-        kept, held = held, []
+    # per model: a model whose every host in service was left out by a failed rollout keeps them
+    groups = sorted(model_hosts.items())
+    unmodelled = [n for n in names if n not in [x for _, v in groups for x in v]]
+    if unmodelled:
+        groups.append((None, unmodelled))
+    for model, serving in groups:
+        mine = [n for n in serving if n in held]
+        if mine and not [n for n in serving if n not in down and n not in held]:
+            warnings.append(
+                "every backend still in service behind the edge%s was left out by a failed rollout (%s): they stay in "
+                "service rather than none; fix them and run the rollout again."
+                % (" for the model %s" % model if len(groups) > 1 else "", ", ".join(mine))
+            )
+            kept += mine
+            held = [n for n in held if n not in mine]
     down += held
     if batch is not None:
         batch = [b for b in batch if b in names]
-        in_service = [n for n in names if n not in down]
-        rest = [n for n in in_service if n not in batch]
-        if not rest and in_service and len(in_service) > 1:
-            errors.append(
-                "the rollout batch %s would drain every backend still in service behind the edge (%s): clients would "
-                "get 502s. Lower gpufleet_rollout_batch (or --batch) so at least one stays in service."
-                % (", ".join(batch), ", ".join(in_service))
-            )
-        elif not rest and in_service:
-            warnings.append(
-                "%s is the only backend in service behind the edge: it stays in service while it changes (its "
-                "proxy keeps answering, through its surge copy where one fits)." % in_service[0]
-            )
-        else:
-            down += [b for b in batch if b not in down]
+        leaving = []
+        for model, serving in groups:
+            in_service = [n for n in serving if n not in down]
+            mine = [n for n in in_service if n in batch]
+            rest = [n for n in in_service if n not in batch]
+            what = " for the model %s" % model if len(groups) > 1 else ""
+            if not rest and in_service and len(in_service) > 1:
+                errors.append(
+                    "the rollout batch %s would drain every backend still in service behind the edge%s (%s): clients "
+                    "would get %s. Lower gpufleet_rollout_batch (or --batch) so at least one stays in service."
+                    % (", ".join(batch), what, ", ".join(in_service), "404s" if what else "502s")
+                )
+            elif not rest and in_service:
+                warnings.append(
+                    "%s is the only backend in service behind the edge%s: it stays in service while it changes (its "
+                    "proxy keeps answering, through its surge copy where one fits)." % (in_service[0], what)
+                )
+            else:
+                leaving += mine
+        down += [b for b in leaving if b not in down]
     # TLS between the edge and the proxies follows the proxies' proxy_tls
     kinds = sorted({h["tls"] for h in hosts})
     if len(kinds) > 1:
@@ -176,7 +215,16 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
     servers = [
         {"name": h["name"], "address": h["address"], "port": h["port"], "down": h["name"] in down} for h in hosts
     ]
+    models = _plan_models(params, hosts, model_hosts, down, errors)
     router = _plan_router(params, hosts, down, errors)
+    if router is not None:
+        # several models behind one router: its multi-model mode (a prefix tree per model), and
+        # only models with a worker in service go through it (vllm-router 0.1.17 sends a model
+        # it has no worker for to another model's worker; the edge sends those to the proxies)
+        router["igw"] = len(models) > 1
+        for m in models:
+            m["routed"] = bool(m["in_service"])
+    keys = _plan_keys(params.get("api_keys"), [m["name"] for m in models], errors)
     return {
         "errors": errors,
         "warnings": warnings,
@@ -191,7 +239,110 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         "listen_address": "127.0.0.1" if tls else address,
         "public_port": params.get("tls_port") if tls else params.get("listen_port"),
         "router": router,
+        # each model: {name, index (its nginx upstream gpufleet_m_INDEX), hosts, servers, in_service,
+        # routed (through the router)}
+        "models": models,
+        # the edge's own key check (edge_api_keys): names and models only, never a key
+        "keys": keys,
     }
+
+
+MODEL_NAME = re.compile(r"^[^\x00-\x1f\x7f\"\\]{1,256}$")
+
+
+def _plan_models(params, hosts, model_hosts, down, errors):
+    """The models behind the edge, each with its own backend list: the edge reads a request's
+    `model` and balances it over the hosts serving that model only."""
+    out = []
+    seen = {}
+    for h in hosts:
+        for i in h.get("instances") or []:
+            what = (i.get("source") or "", i.get("max_model_len"))
+            seen.setdefault(i["model"], {}).setdefault(what, []).append("%s/%s" % (h["name"], i["name"]))
+    for model, kinds in sorted(seen.items()):
+        if len(kinds) > 1:
+            errors.append(
+                "the model name %s is served with different settings (%s): a client would get different answers "
+                "depending on the host. Give each its own served_model_name, or the same model and max_model_len."
+                % (
+                    model,
+                    "; ".join(
+                        "%s on %s" % ("model=%s max_model_len=%s" % k, ", ".join(v)) for k, v in sorted(kinds.items(),
+                                                                                                     key=str)
+                    ),
+                )
+            )
+        if not MODEL_NAME.fullmatch(model):
+            errors.append(
+                "served_model_name=%r: the edge routes by it, so keep it to 1-256 printable characters without "
+                "quotes or backslashes." % model
+            )
+    for index, (model, serving) in enumerate(sorted(model_hosts.items())):
+        out.append(
+            {
+                "name": model,
+                "index": index,
+                "hosts": serving,
+                "servers": [
+                    {"name": h["name"], "address": h["address"], "port": h["port"], "down": h["name"] in down}
+                    for h in hosts
+                    if h["name"] in serving
+                ],
+                "in_service": [n for n in serving if n not in down],
+                "routed": False,
+            }
+        )
+    return out
+
+
+def _plan_keys(keys, models, errors):
+    """edge_api_keys: [{name, key, models}] checked (never a key's value in an error); returns
+    [{name, models}] (models [] = every model)."""
+    out = []
+    if keys in (None, ""):
+        return out
+    if not isinstance(keys, list):
+        errors.append("edge_api_keys must be a list of {name, key, models}, not %s." % type(keys).__name__)
+        return out
+    names, values = set(), set()
+    for n, k in enumerate(keys):
+        where = "edge_api_keys[%d]" % n
+        if not isinstance(k, dict):
+            errors.append("%s must be {name, key, models: [MODEL, ...]}." % where)
+            continue
+        name = k.get("name")
+        if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
+            errors.append(
+                "%s.name=%r: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit." % (where, name)
+            )
+        elif name in names:
+            errors.append("%s.name=%s is used twice: give each key its own name." % (where, name))
+        names.add(name)
+        key = k.get("key")
+        label = "%s (%s)" % (where, name)
+        if not isinstance(key, str) or len(key) < MIN_KEY_LENGTH or not KEY_CHARS.fullmatch(key):
+            errors.append(
+                "%s.key must be at least %d characters of A-Z a-z 0-9 . _ ~ + / = - (the value is not shown)."
+                % (label, MIN_KEY_LENGTH)
+            )
+        elif key in values:
+            errors.append("%s.key is the key of another entry: give each entry its own key." % label)
+        else:
+            values.add(key)
+        scope = k.get("models", [])
+        if scope is None:
+            scope = []
+        if not isinstance(scope, list) or not all(isinstance(m, str) and m for m in scope):
+            errors.append("%s.models=%r must be a list of served model names ([] for every model)." % (label, scope))
+            scope = []
+        unknown = [m for m in scope if m not in models]
+        if unknown and models:
+            errors.append(
+                "%s.models lists %s, which no backend of the edge serves (%s): correct the name or remove it."
+                % (label, ", ".join(unknown), ", ".join(models))
+            )
+        out.append({"name": str(name), "models": [str(m) for m in scope]})
+    return out
 
 
 def _plan_router(params, hosts, down, errors):
@@ -221,13 +372,6 @@ def _plan_router(params, hosts, down, errors):
             errors.append("edge_%s=%d is also %s: give each listener its own port." % (var, port, clash[0]))
         taken["edge_" + var] = port
     models = sorted({i["model"] for h in hosts for i in h.get("instances") or []})
-    if len(models) > 1:
-        errors.append(
-            "edge_router_policy=%s: the backends serve different models (%s); the router keeps one prefix tree over "
-            "replicas of one model (vllm-router's multi-model mode left workers of one model unused here). Give "
-            'each model its own edge host (edge_backend_group), or set edge_router_policy: "".'
-            % (policy, ", ".join(models))
-        )
     for h in hosts:
         if not PATH_NAME.fullmatch(h["name"]) or not all(PATH_NAME.fullmatch(i["name"]) for i in h["instances"]):
             errors.append(

@@ -144,6 +144,9 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
                     "name": str(inst["name"]),
                     "engine": str(inst["engine"]),
                     "served_model_name": str(inst.get("served_model_name") or inst["name"]),
+                    # what it serves under that name (the edge refuses one name for two of these)
+                    "model": str(inst.get("model") or ""),
+                    "max_model_len": inst.get("max_model_len"),
                     "port": port,
                     "surge_port": surge,
                     # host:port where the host's proxy reaches it, and its surge copy

@@ -159,7 +159,9 @@ def test_the_router_addresses_every_instance_of_every_backend_in_service():
     hv = {"a": {"gpufleet_engines": engines("x", "y")}, "b": {"gpufleet_engines": engines("z")}}
     fleet = backends(["a", "b"], hv)
     # no key (or anything but names) reaches the plan
-    assert fleet[0]["instances"] == [{"name": "x", "model": "m"}, {"name": "y", "model": "m"}]
+    assert [{k: i[k] for k in ("name", "model")} for i in fleet[0]["instances"]] == [
+        {"name": "x", "model": "m"}, {"name": "y", "model": "m"}]  # fmt: skip
+    assert not [i for h in fleet for i in h["instances"] if "secret" in str(i)]
     plan = plan_edge(ROUTER, fleet)
     assert plan["errors"] == [] and plan["router"]["policy"] == "cache_aware" and plan["router"]["model"] == "m"
     base = "http://127.0.0.1:8091/gpufleet/b/"
@@ -185,7 +187,6 @@ def test_the_router_addresses_every_instance_of_every_backend_in_service():
         ({"router_port": 8080}, {}, ["edge_router_port=8080 is also edge_listen_port"]),
         ({"router_backend_port": 8090}, {}, ["edge_router_backend_port=8090 is also edge_router_port"]),
         ({"router_metrics_port": "x"}, {}, ["edge_router_metrics_port='x' must be a port number"]),
-        ({}, {"b": {"gpufleet_engines": engines("z", model="other")}}, ["serve different models (m, other)"]),
         ({}, {"b": {}}, ["b has no engine instance behind its proxy"]),
         ({}, {"b": {"gpufleet_engines": engines("z/../x")}}, ["b or one of its instances has a name"]),
     ],
@@ -425,3 +426,83 @@ def test_the_loopback_rule_renders_by_user_id():
         ansible_managed="managed", inventory_hostname="gpu1", __firewall_plan=plan, firewall_log_drops=False,
         __firewall_loopback_uids=[],
     )  # fmt: skip
+
+
+def two_models(**over):
+    """a and b serve m, c serves other (a second model of another shape)."""
+    hv = {"a": {"gpufleet_engines": engines("x")}, "b": {"gpufleet_engines": engines("y")},
+          "c": {"gpufleet_engines": engines("z", model="other")}}  # fmt: skip
+    for name, extra in over.items():
+        hv[name] = dict(hv[name], **extra)
+    for i, name in enumerate(hv, 1):
+        hv[name]["ansible_host"] = "10.0.0.%d" % i
+    return backends(["a", "b", "c"], hv)
+
+
+def test_each_model_gets_its_own_backends_and_the_router_its_multi_model_mode():
+    plan = plan_edge(ROUTER, two_models())
+    assert plan["errors"] == []
+    assert [(m["name"], m["index"], m["hosts"], m["in_service"], m["routed"]) for m in plan["models"]] == [
+        ("m", 0, ["a", "b"], ["a", "b"], True), ("other", 1, ["c"], ["c"], True)]  # fmt: skip
+    assert [s["address"] for s in plan["models"][1]["servers"]] == ["10.0.0.3"]
+    # several models behind one router: its multi-model mode; one model: the single-model mode as before
+    assert plan["router"]["igw"] is True
+    one = plan_edge(ROUTER, hosts("a", "b"))
+    assert one["router"] is None or one["router"]["igw"] is False
+    assert [m["routed"] for m in plan_edge(EDGE, two_models())["models"]] == [False, False]
+
+
+def test_a_rollout_never_takes_the_last_host_of_a_model_out():
+    # c is the only host serving `other`: it stays in service while it changes (its surge copy), a is drained
+    plan = plan_edge(EDGE, two_models(), batch=["a", "c"])
+    assert plan["errors"] == [] and plan["drained"] == ["a"]
+    assert "c is the only backend in service behind the edge for the model other" in " ".join(plan["warnings"])
+    # every host of a model with two: refused, naming the model
+    both = plan_edge(EDGE, two_models(), batch=["a", "b"])
+    assert "would drain every backend still in service behind the edge for the model m (a, b)" in " ".join(
+        both["errors"])
+    # the edge's own drained list may not empty a model either
+    text = " ".join(plan_edge(dict(EDGE, drained=["c"]), two_models())["errors"])
+    assert "takes every host serving the model other (c) out of service" in text
+    # a failed rollout's held host that is its model's last stays in service, the other model's is out
+    held = plan_edge(EDGE, two_models(), held=["a", "c"])
+    assert held["drained"] == ["a"] and held["held"] == ["a", "c"]
+    assert [m["in_service"] for m in held["models"]] == [["b"], ["c"]]
+
+
+def test_one_served_name_for_two_different_models_is_named():
+    fleet = two_models(b={"gpufleet_engines": [dict(engines("y")[0], model="/models/big", max_model_len=4096)]})
+    text = " ".join(plan_edge(EDGE, fleet)["errors"])
+    assert "the model name m is served with different settings" in text
+    assert "model=/models/big max_model_len=4096 on b/y" in text and "on a/x" in text
+
+
+KEY = "k" * 32
+
+
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ([{"name": "team", "key": KEY, "models": ["nope"]}], ["edge_api_keys[0] (team).models lists nope, which no "
+                                                             "backend of the edge serves (m, other)"]),
+        ([{"name": "team", "key": "short"}], ["edge_api_keys[0] (team).key must be at least 32 characters"]),
+        ([{"name": "a", "key": KEY}, {"name": "a", "key": KEY + "x"}], ["edge_api_keys[1].name=a is used twice"]),
+        ([{"name": "a", "key": KEY}, {"name": "b", "key": KEY}], ["edge_api_keys[1] (b).key is the key of another"]),
+        ([{"name": "bad name", "key": KEY}], ["edge_api_keys[0].name='bad name'"]),
+        ([{"name": "a", "key": KEY, "models": "m"}], ["edge_api_keys[0] (a).models='m' must be a list"]),
+        ({"name": "a"}, ["edge_api_keys must be a list"]),
+    ],
+)  # fmt: skip
+def test_bad_edge_keys_are_named_without_their_values(keys, words):
+    plan = plan_edge(dict(EDGE, api_keys=keys), two_models())
+    text = " ".join(plan["errors"])
+    for word in words:
+        assert word in text
+    assert KEY not in text
+
+
+def test_edge_keys_reach_the_plan_as_names_and_models_only():
+    plan = plan_edge(dict(EDGE, api_keys=[{"name": "team", "key": KEY, "models": ["other"]},
+                                          {"name": "all", "key": KEY + "y"}]), two_models())  # fmt: skip
+    assert plan["errors"] == [] and plan["keys"] == [{"name": "team", "models": ["other"]}, {"name": "all", "models": []}]
+    assert KEY not in str(plan)

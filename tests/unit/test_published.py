@@ -52,7 +52,8 @@ def test_a_published_record_wins_over_the_inventory():
     rules = plan_firewall({"ssh_port": 22}, hv, ["gpu_host"])["rules"]
     assert [r["port"] for r in rules if r["why"].startswith("the proxy")] == [9443]
     (backend,) = backends(["g1"], {"g1": hv})
-    assert (backend["tls"], backend["port"], backend["instances"]) == (True, 9443, [{"name": "a", "model": "a"}])
+    assert (backend["tls"], backend["port"], backend["instances"]) == (True, 9443, [{"name": "a", "model": "a", "source": "",
+                                                                                   "max_model_len": None}])
     # a record of another format is not trusted: the inventory is read instead
     hv["gpufleet_proxy_published"] = dict(said, format=0)
     assert published("proxy", hv)["port"] == 8080
@@ -61,8 +62,8 @@ def test_a_published_record_wins_over_the_inventory():
 def test_the_engine_record_has_the_registry_s_defaults_and_no_secret():
     record = publish("engine", {}, engines=[{"name": "a", "model": "/m", "port": 8001, "api_key": "k" * 40,
                                              "env": {"HF_TOKEN": "t"}}, "not an instance"])  # fmt: skip
-    assert record["instances"] == [{"name": "a", "engine": "vllm", "served_model_name": "a", "port": 8001,
-                                    "surge_port": 9001, "upstream": "127.0.0.1:8001",
+    assert record["instances"] == [{"name": "a", "engine": "vllm", "served_model_name": "a", "model": "/m",
+                                    "max_model_len": None, "port": 8001, "surge_port": 9001, "upstream": "127.0.0.1:8001",
                                     "surge_upstream": "127.0.0.1:9001"}]  # fmt: skip
     assert "k" * 40 not in repr(record) and "HF_TOKEN" not in repr(record)
 
@@ -86,7 +87,7 @@ def test_the_proxy_fronts_what_proxy_instances_names():
     only = dict(FALLBACK["proxy"], proxy_instances=["b"])
     assert publish("proxy", only, engines=engines)["instances"] == ["b"]
     (backend,) = backends(["g"], {"g": {"gpufleet_engines": engines, "proxy_instances": ["b"]}})
-    assert backend["instances"] == [{"name": "b", "model": "b"}]
+    assert backend["instances"] == [{"name": "b", "model": "b", "source": "", "max_model_len": None}]
 
 
 # a path into another role's folder: roles/NAME/..., role_path }}/.., or ../../plugins
