@@ -247,7 +247,8 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
     }
 
 
-MODEL_NAME = re.compile(r"^[^\x00-\x1f\x7f\"\\]{1,256}$")
+# served model names the edge routes by (written into its nginx and JSON files as they are)
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,255}$")
 
 
 def _plan_models(params, hosts, model_hosts, down, errors):
@@ -274,8 +275,8 @@ def _plan_models(params, hosts, model_hosts, down, errors):
             )
         if not MODEL_NAME.fullmatch(model):
             errors.append(
-                "served_model_name=%r: the edge routes by it, so keep it to 1-256 printable characters without "
-                "quotes or backslashes." % model
+                "served_model_name=%r: the edge routes by it; use 1-256 letters, digits and . _ : / @ + -, "
+                "starting with a letter or digit (e.g. meta-llama/Llama-3.1-8B-Instruct)." % model
             )
     for index, (model, serving) in enumerate(sorted(model_hosts.items())):
         out.append(
@@ -392,6 +393,13 @@ def _plan_router(params, hosts, down, errors):
         ],
         # down: a drained host's way from the router is closed too (a stale worker list answers 502)
         "backends": [
-            {"name": h["name"], "address": h["address"], "port": h["port"], "down": h["name"] in down} for h in hosts
+            {
+                "name": h["name"],
+                "address": h["address"],
+                "port": h["port"],
+                "down": h["name"] in down,
+                "instances": [{"name": i["name"], "model": i["model"]} for i in h["instances"]],
+            }
+            for h in hosts
         ],
     }

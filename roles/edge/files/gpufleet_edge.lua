@@ -1,0 +1,200 @@
+-- gpufleet: the edge's model routing and key scopes (nginx's Lua module, Debian's
+-- libnginx-mod-http-lua with lua-cjson). Written by the edge role; loaded once by nginx's master
+-- (init_by_lua, as root: it reads the root-only key file), so the workers hold the tables.
+--   load(MODELS_JSON, KEYS_JSON)  models.json: {"models": [{name, upstream, routed, card}]};
+--                                 keys.json: {"keys": [{name, key, models}]} (absent: no key check)
+--   route(via_router)  access phase: reads the request's `model`, checks the caller's key and its
+--                      scope, sets $gpufleet_upstream (that model's backends) and $gpufleet_model;
+--                      answers 400/401/404 itself, before any backend is touched. via_router: a model
+--                      that does not go through the router is sent to @gpufleet_direct.
+--   list()             content phase: GET /v1/models and /v1/models/ID from the models it serves,
+--                      each once, only those the caller's key may use (without edge keys, to a
+--                      caller whose key a proxy accepts: /_gpufleet/key-check).
+local cjson = require "cjson.safe"
+
+local _M = {}
+
+local models, by_name, keys = {}, {}, {}
+local default_model = nil
+local check_keys = false
+
+local function read(path)
+  local f = io.open(path, "rb")
+  if not f then
+    return nil
+  end
+  local data = f:read("*a")
+  f:close()
+  return data
+end
+
+function _M.load(models_path, keys_path)
+  local text = read(models_path)
+  local conf, err = cjson.decode(text or "")
+  if type(conf) ~= "table" or type(conf.models) ~= "table" then
+    error("gpufleet edge: " .. models_path .. " is not the edge's model list: " .. tostring(err or "no models"))
+  end
+  models, by_name, keys = conf.models, {}, {}
+  for _, m in ipairs(models) do
+    by_name[m.name] = m
+  end
+  -- one model: a request that names none goes to it (the engine's own default, as before)
+  default_model = (#models == 1) and models[1] or nil
+  local ktext = read(keys_path)
+  if ktext then
+    local kconf = cjson.decode(ktext)
+    if type(kconf) ~= "table" or type(kconf.keys) ~= "table" then
+      error("gpufleet edge: " .. keys_path .. " is not the edge's key list")
+    end
+    for _, k in ipairs(kconf.keys) do
+      local scope = nil -- nil: every model
+      if type(k.models) == "table" and #k.models > 0 then
+        scope = {}
+        for _, name in ipairs(k.models) do
+          scope[name] = true
+        end
+      end
+      keys[k.key] = { name = k.name, scope = scope }
+    end
+  end
+  check_keys = next(keys) ~= nil
+end
+
+-- An OpenAI-style error, answered here (no backend is touched).
+local function fail(status, message, kind, code, param)
+  ngx.status = status
+  ngx.header["Content-Type"] = "application/json"
+  if status == 401 then
+    ngx.header["WWW-Authenticate"] = 'Bearer realm="gpufleet"'
+  end
+  ngx.say(cjson.encode({ error = {
+    message = message, type = kind, param = param or cjson.null, code = code or cjson.null,
+  } }))
+  return ngx.exit(status)
+end
+
+-- The caller's key entry (nil when the edge checks no key: the proxies check them).
+local function caller()
+  if not check_keys then
+    return nil
+  end
+  local auth = ngx.var.http_authorization
+  local key = auth and auth:match("^[Bb]earer%s+(%S+)%s*$")
+  local who = key and keys[key]
+  if not who then
+    return fail(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+  end
+  ngx.var.gpufleet_key = who.name
+  return who
+end
+
+local function allowed(who, name)
+  return who == nil or who.scope == nil or who.scope[name] == true
+end
+
+local function unknown(name)
+  if #name > 256 then
+    name = name:sub(1, 256) .. "..."
+  end
+  return fail(404, "The model `" .. name .. "` does not exist or you do not have access to it.",
+    "invalid_request_error", "model_not_found", "model")
+end
+
+-- The body's `model`: JSON (chat, completions, embeddings, responses, ...) or a multipart form
+-- field (audio). Returns the name, or nil and whether the body was not JSON.
+local function model_of(body)
+  if not body or body == "" then
+    return nil, false
+  end
+  local ctype = ngx.var.content_type or ""
+  if ctype:find("multipart/form-data", 1, true) then
+    return body:match('[Nn]ame="model"[^\r\n]*\r\n\r\n([^\r\n]*)'), false
+  end
+  local doc = cjson.decode(body)
+  if type(doc) ~= "table" then
+    return nil, true
+  end
+  local name = doc.model
+  if name == nil or name == cjson.null then
+    return nil, false
+  end
+  return tostring(name), false
+end
+
+function _M.route(via_router)
+  local who = caller()
+  local name, bad_json = nil, false
+  local method = ngx.req.get_method()
+  if method ~= "GET" and method ~= "HEAD" then
+    ngx.req.read_body()
+    local body = ngx.req.get_body_data()
+    if not body then
+      local file = ngx.req.get_body_file()
+      body = file and read(file)
+    end
+    name, bad_json = model_of(body)
+  end
+  local m
+  if name == nil then
+    m = default_model
+    if not m then
+      if bad_json then
+        return fail(400, "We could not parse the JSON body of your request.", "invalid_request_error")
+      end
+      return fail(400, "You must provide a model parameter.", "invalid_request_error", nil, "model")
+    end
+    if not allowed(who, m.name) then
+      return unknown(m.name)
+    end
+  else
+    m = by_name[name]
+    if not m or not allowed(who, name) then
+      return unknown(name)
+    end
+  end
+  ngx.var.gpufleet_upstream = m.upstream
+  ngx.var.gpufleet_model = m.name
+  if via_router and not m.routed then
+    return ngx.exec("@gpufleet_direct")
+  end
+end
+
+function _M.list()
+  local who = caller()
+  if not check_keys then
+    -- the proxies check the keys: the list is shown to a caller one of them accepts
+    local res = ngx.location.capture("/_gpufleet/key-check")
+    if res.status ~= 200 then
+      ngx.status = res.status
+      ngx.header["Content-Type"] = "application/json"
+      ngx.print(res.body)
+      return ngx.exit(res.status)
+    end
+  end
+  local cards = {}
+  for _, m in ipairs(models) do
+    if allowed(who, m.name) then
+      cards[#cards + 1] = m.card
+    end
+  end
+  ngx.header["Content-Type"] = "application/json"
+  local uri = ngx.var.uri
+  if uri == "/v1/models" or uri == "/v1/models/" then
+    if #cards == 0 then
+      ngx.say('{"object":"list","data":[]}')
+    else
+      ngx.say(cjson.encode({ object = "list", data = cards }))
+    end
+    return
+  end
+  local id = ngx.unescape_uri(uri:sub(#"/v1/models/" + 1))
+  for _, card in ipairs(cards) do
+    if card.id == id then
+      ngx.say(cjson.encode(card))
+      return
+    end
+  end
+  return unknown(id)
+end
+
+return _M
