@@ -120,7 +120,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
     kept = []  # held, but kept in service: the edge would have none otherwise (still in the record)
     # per model: a model whose every host in service was left out by a failed rollout keeps them
     groups = sorted(model_hosts.items())
-    unmodelled = [n for n in names if n not in [x for _, v in groups for x in v]]
+    unmodelled = [n for n in names if n not in [x for group_hosts in model_hosts.values() for x in group_hosts]]
     if unmodelled:
         groups.append((None, unmodelled))
     for model, serving in groups:
@@ -268,8 +268,8 @@ def _plan_models(params, hosts, model_hosts, down, errors):
                 % (
                     model,
                     "; ".join(
-                        "%s on %s" % ("model=%s max_model_len=%s" % k, ", ".join(v)) for k, v in sorted(kinds.items(),
-                                                                                                     key=str)
+                        "%s on %s" % ("model=%s max_model_len=%s" % k, ", ".join(v))
+                        for k, v in sorted(kinds.items(), key=str)
                     ),
                 )
             )
@@ -314,7 +314,8 @@ def _plan_keys(keys, models, errors):
         name = k.get("name")
         if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
             errors.append(
-                "%s.name=%r: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit." % (where, name)
+                "%s.name=%r: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."
+                % (where, name)
             )
         elif name in names:
             errors.append("%s.name=%s is used twice: give each key its own name." % (where, name))

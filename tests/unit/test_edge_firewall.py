@@ -460,7 +460,8 @@ def test_a_rollout_never_takes_the_last_host_of_a_model_out():
     # every host of a model with two: refused, naming the model
     both = plan_edge(EDGE, two_models(), batch=["a", "b"])
     assert "would drain every backend still in service behind the edge for the model m (a, b)" in " ".join(
-        both["errors"])
+        both["errors"]
+    )
     # the edge's own drained list may not empty a model either
     text = " ".join(plan_edge(dict(EDGE, drained=["c"]), two_models())["errors"])
     assert "takes every host serving the model other (c) out of service" in text
@@ -504,5 +505,8 @@ def test_bad_edge_keys_are_named_without_their_values(keys, words):
 def test_edge_keys_reach_the_plan_as_names_and_models_only():
     plan = plan_edge(dict(EDGE, api_keys=[{"name": "team", "key": KEY, "models": ["other"]},
                                           {"name": "all", "key": KEY + "y"}]), two_models())  # fmt: skip
-    assert plan["errors"] == [] and plan["keys"] == [{"name": "team", "models": ["other"]}, {"name": "all", "models": []}]
+    assert plan["errors"] == [] and plan["keys"] == [
+        {"name": "team", "models": ["other"]},
+        {"name": "all", "models": []},
+    ]
     assert KEY not in str(plan)

@@ -52,8 +52,11 @@ def test_a_published_record_wins_over_the_inventory():
     rules = plan_firewall({"ssh_port": 22}, hv, ["gpu_host"])["rules"]
     assert [r["port"] for r in rules if r["why"].startswith("the proxy")] == [9443]
     (backend,) = backends(["g1"], {"g1": hv})
-    assert (backend["tls"], backend["port"], backend["instances"]) == (True, 9443, [{"name": "a", "model": "a", "source": "",
-                                                                                   "max_model_len": None}])
+    assert (backend["tls"], backend["port"], backend["instances"]) == (
+        True,
+        9443,
+        [{"name": "a", "model": "a", "source": "", "max_model_len": None}],
+    )
     # a record of another format is not trusted: the inventory is read instead
     hv["gpufleet_proxy_published"] = dict(said, format=0)
     assert published("proxy", hv)["port"] == 8080
@@ -63,8 +66,8 @@ def test_the_engine_record_has_the_registry_s_defaults_and_no_secret():
     record = publish("engine", {}, engines=[{"name": "a", "model": "/m", "port": 8001, "api_key": "k" * 40,
                                              "env": {"HF_TOKEN": "t"}}, "not an instance"])  # fmt: skip
     assert record["instances"] == [{"name": "a", "engine": "vllm", "served_model_name": "a", "model": "/m",
-                                    "max_model_len": None, "port": 8001, "surge_port": 9001, "upstream": "127.0.0.1:8001",
-                                    "surge_upstream": "127.0.0.1:9001"}]  # fmt: skip
+                                    "max_model_len": None, "port": 8001, "surge_port": 9001,
+                                    "upstream": "127.0.0.1:8001", "surge_upstream": "127.0.0.1:9001"}]  # fmt: skip
     assert "k" * 40 not in repr(record) and "HF_TOKEN" not in repr(record)
 
 
