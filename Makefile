@@ -18,6 +18,8 @@
 #   make bench-scrape  the fleet lab with the monitoring scrape-cost benchmark (tokens/s with and without)
 #   make bench-routing three replicas behind the edge's router: round robin vs cache_aware vs consistent_hash
 #                      on a multi-turn workload, and the router's added latency
+#   make bench-models  the edge's routing by model (Lua, per-model upstreams, key scopes) against the same site
+#                      without it: added p50 at concurrency 1 and 16, 2 KB and 200 KB bodies
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 #   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
 #   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
@@ -41,7 +43,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
-.PHONY: demo demo-down test test-full fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape bench-routing fleet-lab lab clean-lab constraints build-collection gpu-check
+.PHONY: demo demo-down test test-full fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape bench-routing bench-models fleet-lab lab clean-lab constraints build-collection gpu-check
 
 # Each tier's duration is printed at the end (tests/tiers.sh), passed or not. GPUFLEET_TEST_TIER
 # tells the labs which entry point runs them: `test` leaves out what is marked test-full
@@ -161,6 +163,12 @@ bench-routing: $(STAMP) lab
 	GPUFLEET_BENCH_ROUTING=1 GPUFLEET_FLEET_VERIFY=bench_routing.yml $(BIN)/molecule converge -s fleet
 	GPUFLEET_BENCH_ROUTING=1 GPUFLEET_FLEET_VERIFY=bench_routing.yml $(BIN)/molecule verify -s fleet
 	$(BIN)/molecule destroy -s fleet
+
+# What routing by model adds at the edge: the edge role's site with its Lua step against the same
+# site without it (real nginx in a lab host container, fixed responders behind both, alternating
+# rounds); prints a table, also in .cache/bench-models.txt.
+bench-models: $(STAMP) lab
+	$(BIN)/python tests/bench/models_bench.py
 
 # site.yml's controller cost on 1, 4 and 8 light lab hosts over SSH (and mitogen, opt-in);
 # prints a table, also in .cache/bench-fleet.txt.

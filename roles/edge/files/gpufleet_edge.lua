@@ -100,6 +100,22 @@ local function unknown(name)
     "invalid_request_error", "model_not_found", "model")
 end
 
+-- Where the value of the next raw `"model":` starts, from init; nil if there is none. A plain
+-- search (memchr speed: a pattern search would try every position of a long prompt).
+local function model_key(body, init)
+  while true do
+    local _, last = body:find('"model"', init, true)
+    if not last then
+      return nil
+    end
+    local value = body:match("^%s*:%s*()", last + 1)
+    if value then
+      return value
+    end
+    init = last + 1
+  end
+end
+
 -- The body's `model`: JSON (chat, completions, embeddings, responses, ...) or a multipart form
 -- field (audio). Returns the name, or nil and whether the body was not JSON.
 local function model_of(body)
@@ -109,6 +125,18 @@ local function model_of(body)
   local ctype = ngx.var.content_type or ""
   if ctype:find("multipart/form-data", 1, true) then
     return body:match('[Nn]ame="model"[^\r\n]*\r\n\r\n([^\r\n]*)'), false
+  end
+  -- Fast path: one raw `"model":` in the body, with a plain string value. Inside a JSON string a
+  -- quote is always escaped, so that text is a key; when it is the only one, the host it routes
+  -- to serves what the engine will read (the top-level model, or the host's own model when the
+  -- body names none at the top). Two or more (a nested "model" key, a duplicate), an escaped
+  -- value or none: the whole body is decoded. The fast path keeps a long prompt's cost to a scan.
+  local value = model_key(body, 1)
+  if value and not model_key(body, value) then
+    local name = body:match('^"([^"\\]*)"', value)
+    if name then
+      return name, false
+    end
   end
   local doc = cjson.decode(body)
   if type(doc) ~= "table" then

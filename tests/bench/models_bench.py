@@ -1,0 +1,223 @@
+"""make bench-models: what routing by model adds at the edge (issue 34).
+
+Real nginx (Debian's, with its Lua module, installed in a container of the lab host image) runs
+the edge role's own site twice, each in its own nginx with one worker:
+- `models`: the site as the role writes it for two models and edge keys: gpufleet_edge.lua reads
+  each request's model and key in the access phase, checks the key's scope and picks the model's
+  upstream;
+- `baseline`: the same rendered site with the Lua step taken out (one upstream of every backend,
+  `proxy_pass` to it), which is the edge before issue 34: measured in the same run.
+Behind both, fixed responders on loopback (a third nginx answering each request at once with a
+small completion) stand in for the proxies, so the difference is the edge's own work, not an
+engine's. Requests alternate between the two edges round by round, over keepalive connections, at
+concurrency 1 and 16, with 2 KB and 200 KB bodies. Prints p50 and p99 of each and the added p50;
+writes .cache/bench-models.txt. The quota check (issue 34's third part) is not built yet, so it is
+not measured here.
+
+    python tests/bench/models_bench.py [--rounds N] [--requests N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import jinja2
+from ansible.plugins.filter.core import comment, to_json, to_nice_json
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "collections"))
+from ansible_collections.gpufleet.serving.plugins.module_utils._edge import backends, plan_edge  # noqa: E402
+
+TEMPLATES = ROOT / "roles" / "edge" / "templates"
+HARNESS = ROOT / "tests" / "lab" / "harness.sh"
+KEY = "bench-key-0123456789abcdef0123456789abcdef"
+CONF = "/bench/conf"
+
+# Runs inside the container: nginx for the responders and each edge, then the client.
+CLIENT = (
+    r"""
+import http.client, json, statistics, sys, threading, time
+rounds, per, out = int(sys.argv[1]), int(sys.argv[2]), {}
+bodies = {"2KB": json.dumps({"model": "tiny-mha", "prompt": "x" * 2000, "max_tokens": 16}),
+          "200KB": json.dumps({"model": "tiny-mha", "prompt": "x" * 200000, "max_tokens": 16})}
+headers = {"Content-Type": "application/json", "Authorization": "Bearer %s"}
+def run(port, body, conc, n, into):
+    def worker():
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(n):
+            t = time.perf_counter()
+            c.request("POST", "/v1/completions", body, headers)
+            r = c.getresponse()
+            r.read()
+            if r.status != 200:
+                raise SystemExit("port %%d answered %%d" %% (port, r.status))
+            into.append((time.perf_counter() - t) * 1000)
+    ts = [threading.Thread(target=worker) for _ in range(conc)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+for size, body in bodies.items():
+    for conc in (1, 16):
+        got = {"models": [], "baseline": []}
+        run(8080, body, conc, 20, [])  # warm both (connections, caches)
+        run(8081, body, conc, 20, [])
+        for i in range(rounds):
+            order = [("models", 8080), ("baseline", 8081)]
+            for name, port in (order if i %% 2 == 0 else order[::-1]):
+                run(port, body, conc, max(1, per // conc), got[name])
+        q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1]
+        out["%%s c=%%d" %% (size, conc)] = {k: {"n": len(v), "p50": statistics.median(v), "p99": q(v, 99)}
+                                      for k, v in got.items()}
+print("RESULT " + json.dumps(out))
+"""
+    % KEY
+)
+
+SCRIPT = """
+set -e
+apt-get update -qq >/dev/null 2>&1
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light libnginx-mod-http-lua \
+  lua-cjson >/dev/null 2>&1
+nginx -v 2>&1
+for c in backends models baseline; do nginx -c /bench/$c.conf; done
+sleep 0.5
+python3 /bench/client.py "$@"
+"""
+
+BACKENDS = """
+worker_processes 1;
+pid /tmp/backends.pid;
+error_log /tmp/backends-error.log;
+events {}
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:9301;
+    listen 127.0.0.1:9302;
+    listen 127.0.0.1:9303;
+    client_max_body_size 64m;
+    client_body_buffer_size 1m;
+    location / {
+      default_type application/json;
+      return 200 '{"id":"cmpl-1","object":"text_completion","served_by":$server_port,"choices":[{"index":0,"text":"ok"}]}';
+    }
+  }
+}
+"""
+
+EDGE = """
+%(modules)s
+worker_processes 1;
+pid /tmp/%(name)s.pid;
+error_log /tmp/%(name)s-error.log;
+events {}
+http {
+  client_body_temp_path /tmp/%(name)s-body;
+  include %(conf)s/%(name)s-site.conf;
+}
+"""
+
+
+def render(out: Path, keys=None) -> None:
+    """The edge role's templates for two models (tiny-llama on a and b, tiny-mha on c), TLS off,
+    the proxies at the responders, with edge keys (default: one key scoped to tiny-mha); then the
+    baseline site without the Lua step. Writes the nginx configurations, client.py and run.sh."""
+
+    def engines(name, model):
+        return [{"name": name, "served_model_name": model, "port": 8001}]
+
+    hv = {
+        "a": {"ansible_host": "127.0.0.1", "proxy_tls": False, "proxy_listen_port": 9301, "gpufleet_engines": engines("tiny", "tiny-llama")},
+        "b": {"ansible_host": "127.0.0.1", "proxy_tls": False, "proxy_listen_port": 9302, "gpufleet_engines": engines("tiny", "tiny-llama")},
+        "c": {"ansible_host": "127.0.0.1", "proxy_tls": False, "proxy_listen_port": 9303, "gpufleet_engines": engines("mha", "tiny-mha")},
+    }  # fmt: skip
+    keys = keys or [{"name": "bench", "key": KEY, "models": ["tiny-mha"]}]
+    params = {"backend_group": "gpu_hosts", "drained": [], "listen_port": 8080, "listen_address": "127.0.0.1",
+              "tls": False, "tls_port": 8443, "router_policy": "", "api_keys": keys}  # fmt: skip
+    plan = plan_edge(params, backends(list(hv), hv))
+    assert not plan["errors"], plan["errors"]
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)), trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
+    )
+    env.filters.update(comment=comment, to_json=to_json, to_nice_json=to_nice_json)
+    ctx = {
+        "__edge_plan": plan, "_edge_conf_dir": CONF, "edge_tls": False, "edge_listen_address": "127.0.0.1",
+        "edge_listen_port": 8080, "edge_client_max_body_size": "64m", "edge_read_timeout": "600s", "edge_max_fails": 1,
+        "edge_fail_timeout": "10s", "__edge_scheme": "http", "edge_api_keys": keys, "ansible_managed": "make bench-models",
+    }  # fmt: skip
+    conf = out / "conf"
+    (conf / "lua").mkdir(parents=True)
+    for src, dst in [("models.conf.j2", "models.conf"), ("servers.conf.j2", "servers.conf"),
+                     ("models.json.j2", "models.json"), ("keys.json.j2", "keys.json")]:  # fmt: skip
+        (conf / dst).write_text(env.get_template(src).render(ctx))
+    (conf / "upstream.conf").write_text('proxy_http_version 1.1;\nproxy_set_header Connection "";\n')
+    (conf / "lua" / "gpufleet_edge.lua").write_text((ROOT / "roles/edge/files/gpufleet_edge.lua").read_text())
+    site = env.get_template("edge.conf.j2").render(ctx)
+    site = site.replace("/etc/nginx/gpufleet-edge/upstream.conf", CONF + "/upstream.conf")
+    site = site.replace("/var/log/nginx/gpufleet-edge-access.log", "/tmp/models-access.log")
+    (conf / "models-site.conf").write_text(site)
+    # The baseline: the same site, the Lua step out, every request to the one upstream of every backend.
+    base = re.sub(r"lua_package_path[^\n]*\n", "", site)
+    base = re.sub(r"init_by_lua_block \{.*?\n\}\n", "", base, flags=re.S)
+    base = re.sub(r"\n\s*access_by_lua_block \{[^\n]*\}", "", base)
+    base = re.sub(r"\n\s*location[^{\n]*\{\s*content_by_lua_block \{[^\n]*\}\s*\}", "", base)
+    base = base.replace('    set $gpufleet_upstream "";\n', "")
+    base = base.replace("$gpufleet_upstream", "gpufleet_edge").replace("listen 127.0.0.1:8080", "listen 127.0.0.1:8081")
+    base = base.replace("/tmp/models-access.log", "/tmp/baseline-access.log")
+    assert "_by_lua" not in base and "lua_package_path" not in base and "gpufleet_upstream" not in base, base
+    (conf / "baseline-site.conf").write_text(base)
+    modules = "include /etc/nginx/modules-enabled/*.conf;"
+    (out / "models.conf").write_text(EDGE % {"name": "models", "conf": CONF, "modules": modules})
+    (out / "baseline.conf").write_text(EDGE % {"name": "baseline", "conf": CONF, "modules": ""})
+    (out / "backends.conf").write_text(BACKENDS)
+    (out / "client.py").write_text(CLIENT)
+    (out / "run.sh").write_text(textwrap.dedent(SCRIPT))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--requests", type=int, default=200, help="requests per edge per round (split over the clients)")
+    args = ap.parse_args()
+    image = subprocess.run([str(HARNESS), "image", "host"], check=True, capture_output=True, text=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="bench-models-") as tmp:
+        render(Path(tmp))
+        done = subprocess.run(
+            ["docker", "run", "--rm", "-v", "%s:/bench:ro" % tmp, image,
+             "sh", "/bench/run.sh", str(args.rounds), str(args.requests)],
+            capture_output=True, text=True, timeout=1800, check=False,
+        )  # fmt: skip
+    result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not result:
+        print(done.stdout, done.stderr, file=sys.stderr)
+        return 1
+    data = json.loads(result[0][len("RESULT ") :])
+    nginx = next((line for line in done.stdout.splitlines() if "nginx version" in line), "nginx")
+    lines = [
+        "make bench-models: the edge's routing by model against the same site without it (%s, one worker each;"
+        % nginx.strip(),
+        "fixed responders behind both; %d rounds alternating; ms)" % args.rounds,
+        "%-14s %9s %9s %9s %9s %10s %8s" % ("body, clients", "base p50", "model p50", "base p99", "model p99",
+                                            "added p50", "requests"),
+    ]  # fmt: skip
+    for case, got in data.items():
+        b, m = got["baseline"], got["models"]
+        lines.append(
+            "%-14s %9.3f %9.3f %9.3f %9.3f %+10.3f %8d"
+            % (case, b["p50"], m["p50"], b["p99"], m["p99"], m["p50"] - b["p50"], m["n"])
+        )
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    (ROOT / ".cache").mkdir(exist_ok=True)
+    (ROOT / ".cache" / "bench-models.txt").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
