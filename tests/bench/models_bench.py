@@ -105,7 +105,7 @@ http {
     client_body_buffer_size 1m;
     location / {
       default_type application/json;
-      return 200 '{"id":"cmpl-1","object":"text_completion","served_by":$server_port,"choices":[{"index":0,"text":"ok"}]}';
+      return 200 '{"id":"cmpl-1","object":"text_completion","served_by":$server_port,"choices":[{"text":"ok"}]}';
     }
   }
 }
@@ -132,10 +132,14 @@ def render(out: Path, keys=None) -> None:
     def engines(name, model):
         return [{"name": name, "served_model_name": model, "port": 8001}]
 
+    def host(port, name, model):
+        return {"ansible_host": "127.0.0.1", "proxy_tls": False, "proxy_listen_port": port,
+                "gpufleet_engines": engines(name, model)}  # fmt: skip
+
     hv = {
-        "a": {"ansible_host": "127.0.0.1", "proxy_tls": False, "proxy_listen_port": 9301, "gpufleet_engines": engines("tiny", "tiny-llama")},
-        "b": {"ansible_host": "127.0.0.1", "proxy_tls": False, "proxy_listen_port": 9302, "gpufleet_engines": engines("tiny", "tiny-llama")},
-        "c": {"ansible_host": "127.0.0.1", "proxy_tls": False, "proxy_listen_port": 9303, "gpufleet_engines": engines("mha", "tiny-mha")},
+        "a": host(9301, "tiny", "tiny-llama"),
+        "b": host(9302, "tiny", "tiny-llama"),
+        "c": host(9303, "mha", "tiny-mha"),
     }  # fmt: skip
     keys = keys or [{"name": "bench", "key": KEY, "models": ["tiny-mha"]}]
     params = {"backend_group": "gpu_hosts", "drained": [], "listen_port": 8080, "listen_address": "127.0.0.1",
@@ -148,8 +152,9 @@ def render(out: Path, keys=None) -> None:
     env.filters.update(comment=comment, to_json=to_json, to_nice_json=to_nice_json)
     ctx = {
         "__edge_plan": plan, "_edge_conf_dir": CONF, "edge_tls": False, "edge_listen_address": "127.0.0.1",
-        "edge_listen_port": 8080, "edge_client_max_body_size": "64m", "edge_read_timeout": "600s", "edge_max_fails": 1,
-        "edge_fail_timeout": "10s", "__edge_scheme": "http", "edge_api_keys": keys, "ansible_managed": "make bench-models",
+        "edge_listen_port": 8080, "edge_client_max_body_size": "64m", "edge_read_timeout": "600s",
+        "edge_max_fails": 1, "edge_fail_timeout": "10s", "__edge_scheme": "http", "edge_api_keys": keys,
+        "ansible_managed": "make bench-models",
     }  # fmt: skip
     conf = out / "conf"
     (conf / "lua").mkdir(parents=True)

@@ -18,7 +18,7 @@ import pytest
 from conftest import HARNESS, ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
-from models_bench import render  # noqa: E402
+from models_bench import render
 
 ALL = "edge-test-all-models-0123456789abcdef0123"
 MHA = "edge-test-mha-only-0123456789abcdef012345"
@@ -81,7 +81,7 @@ def curl(i, method, path, headers, body):
         args += ["-F", "model=tiny-mha", "-F", "file=@/etc/hostname"]
     elif body is not None:
         args += ["-H", "Content-Type: " + JSON, "--data-binary", "@/tmp/body.%d" % i]
-    return " ".join(shlex.quote(a) for a in args + ["http://127.0.0.1:8080" + path])
+    return " ".join(shlex.quote(a) for a in [*args, "http://127.0.0.1:8080" + path])
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_each_request_reaches_its_models_backends_or_the_edge_answers(host_image
     got = {}
     for line in out:
         if line.startswith("CASE "):
-            _, i, code, text = (line.split(" ", 3) + [""])[:4]
+            _, i, code, text = [*line.split(" ", 3), ""][:4]
             got[int(i)] = (int(code), text)
     log = [json.loads(line) for line in out[out.index("LOG") + 1 :] if line.startswith("{")]
     problems = []
