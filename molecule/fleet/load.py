@@ -1,7 +1,7 @@
 """Streams chat completions through the edge with the real OpenAI client until a stop file
 appears, then writes what happened: requests made, failed (no answer or an HTTP error) and
 cut (a stream that started but ended without a finish reason).
-    load.py BASE_URL KEY STOP_FILE RESULT_FILE [WORKERS [MAX_TOKENS [PAUSE]]]
+    load.py BASE_URL KEY STOP_FILE RESULT_FILE [WORKERS [MAX_TOKENS [PAUSE [MODEL]]]]
 Short streams (16 tokens, a 0.25 s pause) by default. MAX_TOKENS over 16 asks for exactly that
 many (vLLM's ignore_eos), the long streams of production: PAUSE 0 sends the next at once.
 """
@@ -18,6 +18,7 @@ base_url, key, stop_file, result_file = sys.argv[1:5]
 workers = int(sys.argv[5]) if len(sys.argv) > 5 else 2
 max_tokens = int(sys.argv[6]) if len(sys.argv) > 6 else 16
 pause = float(sys.argv[7]) if len(sys.argv) > 7 else 0.25
+model = sys.argv[8] if len(sys.argv) > 8 else "tiny-llama"
 # tokens: completion tokens of the whole long streams, as the engine's own usage counts them
 # (the chunks are fewer: the detokenizer holds back partial words)
 counts = {"made": 0, "completed": 0, "failed": 0, "cut": 0, "tokens": 0}
@@ -31,7 +32,7 @@ def worker():
         started, finished, tokens = False, None, 0
         try:
             stream = client.chat.completions.create(
-                model="tiny-llama",
+                model=model,
                 messages=[{"role": "user", "content": "Count from one to twenty."}],
                 max_tokens=max_tokens,
                 stream=True,

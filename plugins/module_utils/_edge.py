@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import KEY_CHARS, KEY_NAME, MIN_KEY_LENGTH
+from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import ENDPOINTS, KEY_CHARS, KEY_NAME, MIN_KEY_LENGTH
 from ansible_collections.gpufleet.serving.plugins.module_utils._published import published, tls_names_errors
 
 DURATION_UNITS = ("ms", "s", "m", "h", "d")
@@ -244,6 +244,9 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         "models": models,
         # the edge's own key check (edge_api_keys): names and models only, never a key
         "keys": keys,
+        # the inference paths a request may take (the proxies' allow-list, every path any proxy may
+        # enable): anything else is answered 404 by the edge, before a body is read
+        "paths": list(ENDPOINTS),
     }
 
 

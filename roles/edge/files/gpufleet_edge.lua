@@ -3,7 +3,7 @@
 -- (init_by_lua, as root: it reads the root-only key file), so the workers hold the tables.
 --   load(MODELS_JSON, KEYS_JSON)  models.json: {"models": [{name, upstream, routed, card}]};
 --                                 keys.json: {"keys": [{name, key, models}]} (absent: no key check)
---   route(via_router)  access phase: reads the request's `model`, checks the caller's key and its
+--   route(via_router)  access phase: a path outside the inference paths is 404; reads the request's `model`, checks the caller's key and its
 --                      scope, sets $gpufleet_upstream (that model's backends) and $gpufleet_model;
 --                      answers 400/401/404 itself, before any backend is touched. via_router: a model
 --                      that does not go through the router is sent to @gpufleet_direct.
@@ -14,7 +14,7 @@ local cjson = require "cjson.safe"
 
 local _M = {}
 
-local models, by_name, keys = {}, {}, {}
+local models, by_name, keys, paths = {}, {}, {}, {}
 local default_model = nil
 local check_keys = false
 
@@ -34,7 +34,10 @@ function _M.load(models_path, keys_path)
   if type(conf) ~= "table" or type(conf.models) ~= "table" then
     error("gpufleet edge: " .. models_path .. " is not the edge's model list: " .. tostring(err or "no models"))
   end
-  models, by_name, keys = conf.models, {}, {}
+  models, by_name, keys, paths = conf.models, {}, {}, {}
+  for _, path in ipairs(conf.paths or {}) do
+    paths[path] = true
+  end
   for _, m in ipairs(models) do
     by_name[m.name] = m
   end
@@ -150,6 +153,11 @@ local function model_of(body)
 end
 
 function _M.route(via_router)
+  local uri = ngx.var.uri
+  if not paths[uri] then
+    -- not an inference path (the router's and the engines' control paths included): never sent on
+    return fail(404, "Invalid URL (" .. ngx.req.get_method() .. " " .. uri .. ")", "invalid_request_error")
+  end
   local who = caller()
   local name, bad_json = nil, false
   local method = ngx.req.get_method()
