@@ -9,6 +9,7 @@ edge_plan and edge_backends filters. Every error names the variable, the value a
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 
@@ -129,7 +130,10 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
             warnings.append(
                 "every backend still in service behind the edge%s was left out by a failed rollout (%s): they stay in "
                 "service rather than none; fix them and run the rollout again."
-                % (" for the model %s" % model if len(groups) > 1 else "", ", ".join(mine))
+                % (
+                    (" for the model %s" % model if model is not None else " without a model") if len(groups) > 1 else "",
+                    ", ".join(mine),
+                )
             )
             kept += mine
             held = [n for n in held if n not in mine]
@@ -141,7 +145,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
             in_service = [n for n in serving if n not in down]
             mine = [n for n in in_service if n in batch]
             rest = [n for n in in_service if n not in batch]
-            what = " for the model %s" % model if len(groups) > 1 else ""
+            what = (" for the model %s" % model if model is not None else " without a model") if len(groups) > 1 else ""
             if not rest and in_service and len(in_service) > 1:
                 errors.append(
                     "the rollout batch %s would drain every backend still in service behind the edge%s (%s): clients "
@@ -218,12 +222,8 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
     models = _plan_models(params, hosts, model_hosts, down, errors)
     router = _plan_router(params, hosts, down, errors)
     if router is not None:
-        # several models behind one router: its multi-model mode (a prefix tree per model), and
-        # only models with a worker in service go through it (vllm-router 0.1.17 sends a model
-        # it has no worker for to another model's worker; the edge sends those to the proxies)
+        # several models behind one router: its multi-model mode (a prefix tree per model)
         router["igw"] = len(models) > 1
-        for m in models:
-            m["routed"] = bool(m["in_service"])
     keys = _plan_keys(params.get("api_keys"), [m["name"] for m in models], errors)
     return {
         "errors": errors,
@@ -239,8 +239,8 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         "listen_address": "127.0.0.1" if tls else address,
         "public_port": params.get("tls_port") if tls else params.get("listen_port"),
         "router": router,
-        # each model: {name, index (its nginx upstream gpufleet_m_INDEX), hosts, servers, in_service,
-        # routed (through the router)}
+        # each model: {name, upstream (its nginx upstream, named by a hash of the model's name: stable
+        # when models come and go), hosts, servers, in_service}
         "models": models,
         # the edge's own key check (edge_api_keys): names and models only, never a key
         "keys": keys,
@@ -281,11 +281,11 @@ def _plan_models(params, hosts, model_hosts, down, errors):
                 "served_model_name=%r: the edge routes by it; use 1-256 letters, digits and . _ : / @ + -, "
                 "starting with a letter or digit (e.g. meta-llama/Llama-3.1-8B-Instruct)." % model
             )
-    for index, (model, serving) in enumerate(sorted(model_hosts.items())):
+    for model, serving in sorted(model_hosts.items()):
         out.append(
             {
                 "name": model,
-                "index": index,
+                "upstream": "gpufleet_m_" + hashlib.sha256(model.encode("utf-8")).hexdigest()[:16],
                 "hosts": serving,
                 "servers": [
                     {"name": h["name"], "address": h["address"], "port": h["port"], "down": h["name"] in down}
@@ -293,7 +293,6 @@ def _plan_models(params, hosts, model_hosts, down, errors):
                     if h["name"] in serving
                 ],
                 "in_service": [n for n in serving if n not in down],
-                "routed": False,
             }
         )
     return out
@@ -395,6 +394,8 @@ def _plan_router(params, hosts, down, errors):
         "workers": [
             "%s/%s/%s" % (base, h["name"], i["name"]) for h in hosts if h["name"] not in down for i in h["instances"]
         ],
+        # each worker's served model, in the same order (the multi-model mode adds them with it)
+        "worker_models": [i["model"] for h in hosts if h["name"] not in down for i in h["instances"]],
         # down: a drained host's way from the router is closed too (a stale worker list answers 502)
         "backends": [
             {

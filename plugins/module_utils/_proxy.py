@@ -136,8 +136,20 @@ def plan_proxy(params, engines, published=None):
         elif key in values:
             errors.append("%s (%s).key is the same as another entry's key." % (where, name))
         values.add(key)
+        scope = entry.get("models", [])
+        if scope is not None and not (isinstance(scope, list) and all(isinstance(m, str) and m for m in scope)):
+            errors.append("%s (%s).models=%r must be a list of served model names ([] for every model)." % (
+                where, name, scope))  # fmt: skip
     if not keys:
         errors.append("proxy_api_keys is empty: every client would get 401. Add at least one {name, key}.")
+    elif len(models) == 1 and not [
+        k for k in keys if isinstance(k, dict) and (not k.get("models") or models[0] in (k.get("models") or []))
+    ]:
+        errors.append(
+            "proxy_api_keys: no key may use %s, the model this host serves (each key's models leave it out), so "
+            "every client would get 401 here. Add %s to a key's models, or serve another model here." % (
+                models[0], models[0])
+        )  # fmt: skip
     # endpoints
     endpoints = params.get("endpoints") or []
     if not isinstance(endpoints, list):

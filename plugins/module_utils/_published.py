@@ -33,7 +33,12 @@ import re
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import is_type, normalized
+from ansible_collections.gpufleet.serving.plugins.module_utils._engine_options import (
+    is_type,
+    normalized,
+    option_for,
+    options_of,
+)
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_render import upstream_address
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_surge import surge_port
 
@@ -74,7 +79,8 @@ FALLBACK = {
 ROUTER_USER = "gpufleet-router"
 # 2: the proxy record gained local_address (a cached record of format 1 lacks it)
 # 3: the proxy record's self_signed became fleet_ca (its certificate from the fleet CA)
-FORMAT = 3
+# 4: the engine record gained model and max_model_len (the edge refuses one served name for two)
+FORMAT = 4
 
 
 # a DNS name (a leading *. allowed) or an IP address, as a certificate's subject alternative name
@@ -137,6 +143,9 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
                 continue
             inst = normalized(inst)
             port = inst.get("port")
+            # the context length as the engine takes it (vLLM's max_model_len, SGLang's context_length;
+            # at the instance's top level or under options:), None when the plan picks it
+            length = option_for("max_model_len", inst["engine"])
             surge = surge_port(inst)
             ok = is_type(port, int)
             out.append(
@@ -146,7 +155,7 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
                     "served_model_name": str(inst.get("served_model_name") or inst["name"]),
                     # what it serves under that name (the edge refuses one name for two of these)
                     "model": str(inst.get("model") or ""),
-                    "max_model_len": inst.get("max_model_len"),
+                    "max_model_len": options_of(inst).get(length.name) if length else None,
                     "port": port,
                     "surge_port": surge,
                     # host:port where the host's proxy reaches it, and its surge copy

@@ -53,12 +53,17 @@ CASES = [
     # the top-level model wins over a nested one, the last of two (as the engine's parser reads it)
     ("a nested model key", "POST", "/v1/completions", {"Authorization": "Bearer " + MHA},
      '{"metadata": {"model": "tiny-llama"}, "model": "tiny-mha"}', 200, {C}),
-    ("a nested key only: the scoped key cannot reach tiny-llama", "POST", "/v1/completions",
+    ("the same model nested and at the top, out of scope", "POST", "/v1/completions",
      {"Authorization": "Bearer " + MHA}, '{"metadata": {"model": "tiny-llama"}, "model": "tiny-llama"}', 404, None),
+    ("a nested key only: the hosts of that model (their engine serves only it)", "POST", "/v1/completions",
+     {"Authorization": "Bearer " + MHA}, '{"metadata": {"model": "tiny-mha"}, "prompt": "x"}', 200, {C}),
     ("two model keys", "POST", "/v1/completions", {"Authorization": "Bearer " + MHA},
      '{"model": "tiny-mha", "model": "tiny-llama"}', 404, None),
     ("an escaped key name", "POST", "/v1/completions", {"Authorization": "Bearer " + MHA},
      '{"mod\\u0065l": "tiny-llama"}', 404, None),
+    # the scan would see only the nested key: with a \u anywhere the body is decoded whole
+    ("an escaped key name and a nested raw one", "POST", "/v1/completions", {"Authorization": "Bearer " + MHA},
+     '{"mod\\u0065l": "tiny-llama", "response_format": {"schema": {"model": "tiny-mha"}}}', 404, None),
     ("an escaped value", "POST", "/v1/completions", {"Authorization": "Bearer " + MHA},
      '{"model": "tiny\\u002dmha"}', 200, {C}),
     ("the model's text inside the prompt", "POST", "/v1/completions", {"Authorization": "Bearer " + MHA},
@@ -106,6 +111,14 @@ def test_each_request_reaches_its_models_backends_or_the_edge_answers(host_image
             i, curl(i, method, path, headers, body), i))  # fmt: skip
     for key in (ALL, MHA):
         lines.append("echo \"LIST $(curl -s -H 'Authorization: Bearer %s' http://127.0.0.1:8080/v1/models)\"" % key)
+    # the edge checks keys (models.json says so) but its key file is gone: nginx refuses to start (init_by_lua,
+    # which `nginx -t` does not run), never fails open
+    lines.append(
+        "cp -r /bench /tmp/b2 && rm /tmp/b2/conf/keys.json"
+        " && sed -i 's#/bench/conf#/tmp/b2/conf#g; s#/tmp/models#/tmp/b2m#g' /tmp/b2/models.conf"
+        " /tmp/b2/conf/models-site.conf; if nginx -c /tmp/b2/models.conf 2>/tmp/b2.err; then r=0; else r=$?; fi;"
+        ' echo "KEYS_MISSING $r $(grep -c "cannot be read" /tmp/b2.err) $(head -c 300 /tmp/b2.err)"'
+    )
     lines.append('echo "LOG"; cat /tmp/models-access.log')
     script = (
         textwrap.dedent("""
@@ -154,6 +167,8 @@ def test_each_request_reaches_its_models_backends_or_the_edge_answers(host_image
     # the not-found messages are OpenAI's, and a wrong key is told so
     assert "The model `tiny-mha2` does not exist or you do not have access to it." in got[8][1]
     assert json.loads(got[4][1])["error"]["code"] == "invalid_api_key"
+    assert [line.split()[1:3] for line in out if line.startswith("KEYS_MISSING ")] == [["1", "1"]], [
+        line for line in out if line.startswith("KEYS_MISSING ")]  # fmt: skip
     # /v1/models: each model once for the key of every model, only its own for the scoped key
     lists = [json.loads(line.split(" ", 1)[1]) for line in out if line.startswith("LIST ")]
     assert [[m["id"] for m in x["data"]] for x in lists] == [["tiny-llama", "tiny-mha"], ["tiny-mha"]]

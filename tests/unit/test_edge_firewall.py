@@ -5,6 +5,7 @@ common roles and the rollout, on inputs shaped like an inventory."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -442,14 +443,19 @@ def two_models(**over):
 def test_each_model_gets_its_own_backends_and_the_router_its_multi_model_mode():
     plan = plan_edge(ROUTER, two_models())
     assert plan["errors"] == []
-    assert [(m["name"], m["index"], m["hosts"], m["in_service"], m["routed"]) for m in plan["models"]] == [
-        ("m", 0, ["a", "b"], ["a", "b"], True), ("other", 1, ["c"], ["c"], True)]  # fmt: skip
+    assert [(m["name"], m["hosts"], m["in_service"]) for m in plan["models"]] == [
+        ("m", ["a", "b"], ["a", "b"]), ("other", ["c"], ["c"])]  # fmt: skip
+    # each model's upstream is named by its name alone: another model added or gone leaves it as it is
+    assert plan["models"][1]["upstream"] == plan_edge(ROUTER, two_models()[2:])["models"][0]["upstream"]
+    assert len({m["upstream"] for m in plan["models"]}) == 2
+    assert all(re.fullmatch(r"gpufleet_m_[0-9a-f]{16}", m["upstream"]) for m in plan["models"])
+    # the multi-model mode adds each worker with its model
+    assert plan["router"]["worker_models"] == ["m", "m", "other"]
     assert [s["address"] for s in plan["models"][1]["servers"]] == ["10.0.0.3"]
     # several models behind one router: its multi-model mode; one model: the single-model mode as before
     assert plan["router"]["igw"] is True
     one = plan_edge(ROUTER, hosts("a", "b"))
     assert one["router"] is None or one["router"]["igw"] is False
-    assert [m["routed"] for m in plan_edge(EDGE, two_models())["models"]] == [False, False]
 
 
 def test_a_rollout_never_takes_the_last_host_of_a_model_out():

@@ -125,7 +125,17 @@ def test_keys_differing_only_in_case_are_two_keys_each_matched_exactly():
     folder = Path(__file__).resolve().parents[2] / "roles" / "proxy" / "templates"
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(folder)))
     env.filters.update(regex_escape=regex_escape, comment=lambda text: "# " + text)
-    rendered = env.get_template("client-keys.map.j2").render(proxy_api_keys=keys, ansible_managed="managed")
+    # a key scoped to another model (edge_api_keys' list given to the proxies too) is left out of this host's map
+    scoped = [
+        *keys,
+        {"name": "other", "key": "lab-other-key-0123456789abcdef012345", "models": ["elsewhere"]},
+        {"name": "mine", "key": "lab-mine-key-0123456789abcdef0123456", "models": ["qwen", "elsewhere"]},
+    ]
+    rendered = env.get_template("client-keys.map.j2").render(
+        proxy_api_keys=scoped, ansible_managed="managed", __proxy_plan={"model": "qwen"}
+    )
+    assert "other" not in rendered and '"mine";' in rendered
+    rendered = "\n".join(line for line in rendered.splitlines() if '"mine"' not in line)
     lines = [line for line in rendered.splitlines() if line.startswith('"~')]
     assert len(lines) == 2 and lines[0] != lines[1]
     patterns = {
@@ -138,3 +148,14 @@ def test_keys_differing_only_in_case_are_two_keys_each_matched_exactly():
     assert matches("Bearer " + upper) == ["upper"]
     assert matches("bearer  " + lower) == ["lower"]  # the scheme word in any case, one or more spaces
     assert matches("Bearer " + upper.upper()) == [] and matches("Bearer " + upper + "x") == []
+
+
+def test_key_scopes_are_checked_and_a_host_no_key_may_use_is_named():
+    other = {"name": "b", "key": KEY_A + "b", "models": ["elsewhere"]}
+    text = " ".join(plan_proxy(params(api_keys=[dict(other, name="a", key=KEY_A)]), ENGINES)["errors"])
+    assert "no key may use qwen, the model this host serves" in text
+    assert (
+        plan_proxy(params(api_keys=[{"name": "a", "key": KEY_A, "models": ["qwen"]}, other]), ENGINES)["errors"] == []
+    )
+    text = " ".join(plan_proxy(params(api_keys=[{"name": "a", "key": KEY_A, "models": "qwen"}]), ENGINES)["errors"])
+    assert "proxy_api_keys[0] (a).models='qwen' must be a list" in text

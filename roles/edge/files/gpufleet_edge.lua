@@ -1,12 +1,15 @@
 -- gpufleet: the edge's model routing and key scopes (nginx's Lua module, Debian's
 -- libnginx-mod-http-lua with lua-cjson). Written by the edge role; loaded once by nginx's master
 -- (init_by_lua, as root: it reads the root-only key file), so the workers hold the tables.
---   load(MODELS_JSON, KEYS_JSON)  models.json: {"models": [{name, upstream, routed, card}]};
---                                 keys.json: {"keys": [{name, key, models}]} (absent: no key check)
---   route(via_router)  access phase: a path outside the inference paths is 404; reads the request's `model`, checks the caller's key and its
---                      scope, sets $gpufleet_upstream (that model's backends) and $gpufleet_model;
---                      answers 400/401/404 itself, before any backend is touched. via_router: a model
---                      that does not go through the router is sent to @gpufleet_direct.
+--   load(MODELS_JSON, KEYS_JSON)  models.json: {"models": [{name, upstream, card}], "paths": [...],
+--                                 "keys_required": bool}; keys.json: {"keys": [{name, key, models}]}
+--                                 (keys_required false: no key check; true and no file: nginx fails)
+--   route(via_router)  access phase: a path outside the inference paths is 404; reads the request's
+--                      `model`, checks the caller's key and its scope, sets $gpufleet_upstream (that
+--                      model's backends) and $gpufleet_model; answers 400/401/404 itself, before any
+--                      backend is touched. via_router: the router picks the instance by its own reading
+--                      of the body, so the whole body is decoded (never the scan) and a top-level
+--                      model is required when several are served.
 --   list()             content phase: GET /v1/models and /v1/models/ID from the models it serves,
 --                      each once, only those the caller's key may use (without edge keys, to a
 --                      caller whose key a proxy accepts: /_gpufleet/key-check).
@@ -44,6 +47,10 @@ function _M.load(models_path, keys_path)
   -- one model: a request that names none goes to it (the engine's own default, as before)
   default_model = (#models == 1) and models[1] or nil
   local ktext = read(keys_path)
+  if conf.keys_required and not ktext then
+    -- never fail open: without its key list the edge would let every key reach every model
+    error("gpufleet edge: " .. keys_path .. " cannot be read, and models.json says the edge checks keys")
+  end
   if ktext then
     local kconf = cjson.decode(ktext)
     if type(kconf) ~= "table" or type(kconf.keys) ~= "table" then
@@ -121,20 +128,25 @@ end
 
 -- The body's `model`: JSON (chat, completions, embeddings, responses, ...) or a multipart form
 -- field (audio). Returns the name, or nil and whether the body was not JSON.
-local function model_of(body)
+local function model_of(body, exact)
   if not body or body == "" then
     return nil, false
   end
-  local ctype = ngx.var.content_type or ""
+  local ctype = (ngx.var.content_type or ""):lower()
   if ctype:find("multipart/form-data", 1, true) then
-    return body:match('[Nn]ame="model"[^\r\n]*\r\n\r\n([^\r\n]*)'), false
+    -- the form field's own header line (a file part carries a filename): the first such part
+    local field = '[Cc]ontent%-[Dd]isposition:[ \t]*form%-data;[ \t]*name="model"\r\n\r\n([^\r\n]*)'
+    return body:match("\r\n" .. field) or body:match("^" .. field), false
   end
-  -- Fast path: one raw `"model":` in the body, with a plain string value. Inside a JSON string a
-  -- quote is always escaped, so that text is a key; when it is the only one, the host it routes
-  -- to serves what the engine will read (the top-level model, or the host's own model when the
-  -- body names none at the top). Two or more (a nested "model" key, a duplicate), an escaped
-  -- value or none: the whole body is decoded. The fast path keeps a long prompt's cost to a scan.
-  local value = model_key(body, 1)
+  -- Fast path (direct to the proxies only): one raw `"model":` in the body, with a plain string
+  -- value, and no \u escape anywhere. Inside a JSON string a quote is always escaped, so that
+  -- text is a key, and without \u no other key can spell "model"; when it is the only one, the
+  -- hosts it routes to serve one model, which is what their engine serves whatever it reads
+  -- (a body naming another model is refused there). Two or more (a nested "model" key, a
+  -- duplicate), an escaped value or none: the whole body is decoded. The fast path keeps a long
+  -- prompt's cost to a scan.
+  -- (\u: a key may be spelled with escapes, which the scan cannot see: decode.)
+  local value = not exact and not body:find("\\u", 1, true) and model_key(body, 1)
   if value and not model_key(body, value) then
     local name = body:match('^"([^"\\]*)"', value)
     if name then
@@ -168,7 +180,7 @@ function _M.route(via_router)
       local file = ngx.req.get_body_file()
       body = file and read(file)
     end
-    name, bad_json = model_of(body)
+    name, bad_json = model_of(body, via_router)
   end
   local m
   if name == nil then
@@ -190,9 +202,6 @@ function _M.route(via_router)
   end
   ngx.var.gpufleet_upstream = m.upstream
   ngx.var.gpufleet_model = m.name
-  if via_router and not m.routed then
-    return ngx.exec("@gpufleet_direct")
-  end
 end
 
 function _M.list()
@@ -203,6 +212,7 @@ function _M.list()
     if res.status ~= 200 then
       ngx.status = res.status
       ngx.header["Content-Type"] = "application/json"
+      ngx.header["WWW-Authenticate"] = res.header["WWW-Authenticate"]
       ngx.print(res.body)
       return ngx.exit(res.status)
     end
@@ -223,7 +233,7 @@ function _M.list()
     end
     return
   end
-  local id = ngx.unescape_uri(uri:sub(#"/v1/models/" + 1))
+  local id = uri:sub(#"/v1/models/" + 1) -- ($uri is decoded already)
   for _, card in ipairs(cards) do
     if card.id == id then
       ngx.say(cjson.encode(card))
