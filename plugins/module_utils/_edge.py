@@ -13,7 +13,12 @@ import hashlib
 import ipaddress
 import re
 
-from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import ENDPOINTS, KEY_CHARS, KEY_NAME, MIN_KEY_LENGTH
+from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import (
+    ENDPOINTS,
+    KEY_CHARS,
+    KEY_NAME,
+    MIN_KEY_LENGTH,
+)
 from ansible_collections.gpufleet.serving.plugins.module_utils._published import published, tls_names_errors
 
 DURATION_UNITS = ("ms", "s", "m", "h", "d")
@@ -61,6 +66,14 @@ def backends(names, hostvars) -> list:
             }
         )
     return out
+
+
+def _for_model(model, groups):
+    """ " for the model M" in a message when the fleet serves several (" without a model" for hosts
+    that publish none), else ""."""
+    if len(groups) < 2:
+        return ""
+    return " for the model %s" % model if model is not None else " without a model"
 
 
 def _host_model(host):
@@ -130,10 +143,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
             warnings.append(
                 "every backend still in service behind the edge%s was left out by a failed rollout (%s): they stay in "
                 "service rather than none; fix them and run the rollout again."
-                % (
-                    (" for the model %s" % model if model is not None else " without a model") if len(groups) > 1 else "",
-                    ", ".join(mine),
-                )
+                % (_for_model(model, groups), ", ".join(mine))
             )
             kept += mine
             held = [n for n in held if n not in mine]
@@ -145,7 +155,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
             in_service = [n for n in serving if n not in down]
             mine = [n for n in in_service if n in batch]
             rest = [n for n in in_service if n not in batch]
-            what = (" for the model %s" % model if model is not None else " without a model") if len(groups) > 1 else ""
+            what = _for_model(model, groups)
             if not rest and in_service and len(in_service) > 1:
                 errors.append(
                     "the rollout batch %s would drain every backend still in service behind the edge%s (%s): clients "
