@@ -235,6 +235,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         # several models behind one router: its multi-model mode (a prefix tree per model)
         router["igw"] = len(models) > 1
     keys = _plan_keys(params.get("api_keys"), [m["name"] for m in models], errors)
+    quota = _plan_quota(params, keys, errors)
     return {
         "errors": errors,
         "warnings": warnings,
@@ -252,8 +253,10 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         # each model: {name, upstream (its nginx upstream, named by a hash of the model's name: stable
         # when models come and go), hosts, servers, in_service}
         "models": models,
-        # the edge's own key check (edge_api_keys): names and models only, never a key
+        # the edge's own key check (edge_api_keys): names, models and token limits only, never a key
         "keys": keys,
+        # the usage store and the keys' token quotas (None: nothing counted); never its password
+        "quota": quota,
         # the inference paths a request may take (the proxies' allow-list, every path any proxy may
         # enable): anything else is answered 404 by the edge, before a body is read
         "paths": list(ENDPOINTS),
@@ -355,8 +358,73 @@ def _plan_keys(keys, models, errors):
                 "%s.models lists %s, which no backend of the edge serves (%s): correct the name or remove it."
                 % (label, ", ".join(unknown), ", ".join(models))
             )
-        out.append({"name": str(name), "models": [str(m) for m in scope]})
+        limits = {}
+        for field in ("tokens_per_minute", "tokens_per_day"):
+            value = k.get(field, 0)
+            if value is None:
+                value = 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                errors.append(
+                    "%s.%s=%r must be a whole number of tokens (0 or absent: no limit)." % (label, field, value)
+                )
+                value = 0
+            limits[field] = value
+        out.append({"name": str(name), "models": [str(m) for m in scope], **limits})
     return out
+
+
+# the usage store's password, as it is written into redis.conf (requirepass) and the edge's key file
+STORE_PASSWORD = re.compile(r"^[A-Za-z0-9._~+/=-]{16,128}$")
+
+
+def _plan_quota(params, keys, errors):
+    """The usage store (Redis on edge_quota_store_host, one of the edge hosts) that every edge
+    counts the keys' tokens in and checks their quotas against: None when no store is set. The
+    password is checked, never returned."""
+    host = params.get("quota_store_host") or ""
+    limited = [k["name"] for k in keys if k.get("tokens_per_minute") or k.get("tokens_per_day")]
+    if not host:
+        if limited:
+            errors.append(
+                "edge_api_keys (%s) set tokens_per_minute or tokens_per_day, and edge_quota_store_host is empty: "
+                "name the edge host that keeps the usage counters (one of the edge group) or remove the limits."
+                % ", ".join(limited)
+            )
+        return None
+    where = []
+    if not isinstance(host, str) or host not in (params.get("edge_hosts") or []):
+        errors.append(
+            "edge_quota_store_host=%r must be one of the edge hosts (%s): the edge role runs the usage store there."
+            % (host, ", ".join(params.get("edge_hosts") or []) or "none")
+        )
+        where.append("host")
+    if not keys:
+        errors.append(
+            "edge_quota_store_host=%s counts the tokens of each edge key, and edge_api_keys is empty: "
+            "set edge_api_keys or leave edge_quota_store_host empty." % host
+        )
+    port = params.get("quota_store_port")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        errors.append("edge_quota_store_port=%r must be a TCP port number (1-65535)." % (port,))
+    password = params.get("quota_store_password")
+    if not isinstance(password, str) or not STORE_PASSWORD.fullmatch(password):
+        errors.append(
+            "edge_quota_store_password must be 16-128 characters of A-Z a-z 0-9 . _ ~ + / = - "
+            "(the value is not shown): the usage store refuses every client without it."
+        )
+    fail_open = params.get("quota_fail_open")
+    if not isinstance(fail_open, bool):
+        errors.append(
+            "edge_quota_fail_open=%r must be true (the store unreachable: requests pass, unchecked) or false "
+            "(they get 503)." % (fail_open,)
+        )
+    return {
+        "store_host": str(host),
+        "address": str(params.get("quota_store_address") or host),
+        "port": port,
+        "fail_open": fail_open is not False,
+        "limited": limited,
+    }
 
 
 def _plan_router(params, hosts, down, errors):

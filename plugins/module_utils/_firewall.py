@@ -46,7 +46,7 @@ USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 def plan_firewall(params, host_vars, roles):
     """params: the firewall_* settings without the prefix (ssh_port, ssh_sources, allow_tcp,
-    monitoring_sources, proxy_sources); host_vars: the host's variables (the records its proxy,
+    monitoring_sources, proxy_sources, edge_sources); host_vars: the host's variables (the records its proxy,
     edge and exporters roles published, else their proxy_*, edge_* and exporters_* settings;
     gpufleet_engines, engine_peers); roles: which of gpu_host, edge, exporters the host runs.
 
@@ -116,6 +116,11 @@ def plan_firewall(params, host_vars, roles):
         sources = monitoring_sources()
         if edge["router_policy"] and sources and _port(edge["router_metrics_port"]) is not None:
             rules.append({"port": edge["router_metrics_port"], "sources": sources, "why": "router metrics"})
+        # the usage store (edge_quota_store_host): to the edge hosts only (each counts there)
+        if edge.get("quota_store_port") is not None and _port(edge["quota_store_port"]) is not None:
+            edges = _sources(params.get("edge_sources"), "firewall_edge_sources", errors)
+            if edges:
+                rules.append({"port": edge["quota_store_port"], "sources": edges, "why": "the usage store"})
     # a multi-node engine instance's nodes: NCCL, Gloo and torch.distributed pick their own ports
     # (and vLLM's message queues), so a node opens every TCP port, to the group's other nodes only
     peers = (host_vars or {}).get("engine_peers") or []

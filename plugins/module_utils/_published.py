@@ -67,6 +67,8 @@ FALLBACK = {
         "edge_router_port": 8090,
         "edge_router_backend_port": 8091,
         "edge_router_metrics_port": 9097,
+        "edge_quota_store_host": "",
+        "edge_quota_store_port": 6379,
     },
     "exporters": {
         "exporters_node_port": 9100,
@@ -80,7 +82,8 @@ ROUTER_USER = "gpufleet-router"
 # 2: the proxy record gained local_address (a cached record of format 1 lacks it)
 # 3: the proxy record's self_signed became fleet_ca (its certificate from the fleet CA)
 # 4: the engine record gained model and max_model_len (the edge refuses one served name for two)
-FORMAT = 4
+# 5: the edge record gained quota_store_port (the firewall opens the usage store to the edges)
+FORMAT = 5
 
 
 # a DNS name (a leading *. allowed) or an IP address, as a certificate's subject alternative name
@@ -190,6 +193,11 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
             "router_port": settings.get("edge_router_port"),
             "router_backend_port": settings.get("edge_router_backend_port"),
             "router_user": str(settings.get("router_user") or ROUTER_USER),
+            # the usage store's port when this edge host runs it (the firewall opens it to the edges)
+            "quota_store_port": settings.get("edge_quota_store_port")
+            if settings.get("edge_quota_store_host")
+            and settings.get("edge_quota_store_host") == settings.get("inventory_hostname")
+            else None,
         }
     if role == "exporters":
         asked = str(settings.get("exporters_dcgm_enabled")).strip().lower()
@@ -214,5 +222,8 @@ def published(role, hv) -> dict:
         return publish("engine", {}, engines=_get(hv, "gpufleet_engines") or [])
     settings = dict(FALLBACK[role])
     settings.update({k: _get(hv, k) for k in FALLBACK[role] if _get(hv, k) is not None})
+    if role == "edge":
+        # whether this host is edge_quota_store_host
+        settings["inventory_hostname"] = _get(hv, "inventory_hostname") or ""
     gpu = ((_get(hv, "ansible_facts") or {}).get("gpufleet_gpu") or {}) if role == "exporters" else {}
     return publish(role, settings, engines=_get(hv, "gpufleet_engines") or [], gpu_count=gpu.get("count") or 0)

@@ -124,10 +124,12 @@ http {
 """
 
 
-def render(out: Path, keys=None) -> None:
+def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080) -> None:
     """The edge role's templates for two models (tiny-llama on a and b, tiny-mha on c), TLS off,
     the proxies at the responders, with edge keys (default: one key scoped to tiny-mha); then the
-    baseline site without the Lua step. Writes the nginx configurations, client.py and run.sh."""
+    baseline site without the Lua step. Writes the nginx configurations, client.py and run.sh.
+    quota: {port, password, fail_open} for a usage store on loopback (edge_quota_store_host);
+    backends_conf: the responders' nginx configuration (None: none written); listen: the edge's port."""
 
     def engines(name, model):
         return [{"name": name, "served_model_name": model, "port": 8001}]
@@ -142,8 +144,12 @@ def render(out: Path, keys=None) -> None:
         "c": host(9303, "mha", "tiny-mha"),
     }  # fmt: skip
     keys = keys or [{"name": "bench", "key": KEY, "models": ["tiny-mha"]}]
-    params = {"backend_group": "gpu_hosts", "drained": [], "listen_port": 8080, "listen_address": "127.0.0.1",
+    params = {"backend_group": "gpu_hosts", "drained": [], "listen_port": listen, "listen_address": "127.0.0.1",
               "tls": False, "tls_port": 8443, "router_policy": "", "api_keys": keys}  # fmt: skip
+    if quota:
+        params.update(quota_store_host="edge", edge_hosts=["edge"], quota_store_address="127.0.0.1",
+                      quota_store_port=quota["port"], quota_store_password=quota["password"],
+                      quota_fail_open=quota.get("fail_open", True))  # fmt: skip
     plan = plan_edge(params, backends(list(hv), hv))
     assert not plan["errors"], plan["errors"]
     env = jinja2.Environment(
@@ -152,9 +158,10 @@ def render(out: Path, keys=None) -> None:
     env.filters.update(comment=comment, to_json=to_json, to_nice_json=to_nice_json)
     ctx = {
         "__edge_plan": plan, "_edge_conf_dir": CONF, "edge_tls": False, "edge_listen_address": "127.0.0.1",
-        "edge_listen_port": 8080, "edge_client_max_body_size": "64m", "edge_read_timeout": "600s",
+        "edge_client_max_body_size": "64m", "edge_read_timeout": "600s",
         "edge_max_fails": 1, "edge_fail_timeout": "10s", "__edge_scheme": "http", "edge_api_keys": keys,
-        "ansible_managed": "make bench-models",
+        "ansible_managed": "make bench-models", "edge_listen_port": listen,
+        "edge_quota_store_password": (quota or {}).get("password", ""),
     }  # fmt: skip
     conf = out / "conf"
     (conf / "lua").mkdir(parents=True)
@@ -162,7 +169,8 @@ def render(out: Path, keys=None) -> None:
                      ("models.json.j2", "models.json"), ("keys.json.j2", "keys.json")]:  # fmt: skip
         (conf / dst).write_text(env.get_template(src).render(ctx))
     (conf / "upstream.conf").write_text('proxy_http_version 1.1;\nproxy_set_header Connection "";\n')
-    (conf / "lua" / "gpufleet_edge.lua").write_text((ROOT / "roles/edge/files/gpufleet_edge.lua").read_text())
+    for lua in ("gpufleet_edge.lua", "gpufleet_quota.lua"):
+        (conf / "lua" / lua).write_text((ROOT / "roles/edge/files" / lua).read_text())
     site = env.get_template("edge.conf.j2").render(ctx)
     site = site.replace("/etc/nginx/gpufleet-edge/upstream.conf", CONF + "/upstream.conf")
     site = site.replace("/var/log/nginx/gpufleet-edge-access.log", "/tmp/models-access.log")
@@ -170,7 +178,9 @@ def render(out: Path, keys=None) -> None:
     # The baseline: the same site, the Lua step out, every request to the one upstream of every backend.
     base = re.sub(r"lua_package_path[^\n]*\n", "", site)
     base = re.sub(r"init_by_lua_block \{.*?\n\}\n", "", base, flags=re.S)
-    base = re.sub(r"\n\s*access_by_lua_block \{[^\n]*\}", "", base)
+    base = re.sub(r"lua_shared_dict[^\n]*\n", "", base)
+    base = re.sub(r"\n\s*\w+_by_lua_block \{[^\n]*\}", "", base)
+    base = re.sub(r"\n\s*location = /_gpufleet/quota-stats \{.*?\n    \}", "", base, flags=re.S)
     base = re.sub(r"\n\s*location[^{\n]*\{\s*content_by_lua_block \{[^\n]*\}\s*\}", "", base)
     base = base.replace('    set $gpufleet_upstream "";\n', "")
     base = base.replace("$gpufleet_upstream", "gpufleet_edge").replace("listen 127.0.0.1:8080", "listen 127.0.0.1:8081")
@@ -180,7 +190,8 @@ def render(out: Path, keys=None) -> None:
     modules = "include /etc/nginx/modules-enabled/*.conf;"
     (out / "models.conf").write_text(EDGE % {"name": "models", "conf": CONF, "modules": modules})
     (out / "baseline.conf").write_text(EDGE % {"name": "baseline", "conf": CONF, "modules": ""})
-    (out / "backends.conf").write_text(BACKENDS)
+    if backends_conf:
+        (out / "backends.conf").write_text(backends_conf)
     (out / "client.py").write_text(CLIENT)
     (out / "run.sh").write_text(textwrap.dedent(SCRIPT))
 

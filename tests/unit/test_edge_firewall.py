@@ -512,7 +512,71 @@ def test_edge_keys_reach_the_plan_as_names_and_models_only():
     plan = plan_edge(dict(EDGE, api_keys=[{"name": "team", "key": KEY, "models": ["other"]},
                                           {"name": "all", "key": KEY + "y"}]), two_models())  # fmt: skip
     assert plan["errors"] == [] and plan["keys"] == [
-        {"name": "team", "models": ["other"]},
-        {"name": "all", "models": []},
+        {"name": "team", "models": ["other"], "tokens_per_minute": 0, "tokens_per_day": 0},
+        {"name": "all", "models": [], "tokens_per_minute": 0, "tokens_per_day": 0},
     ]
     assert KEY not in str(plan)
+
+
+def test_edge_keys_carry_their_token_limits():
+    plan = plan_edge(dict(EDGE, api_keys=[{"name": "team", "key": KEY, "tokens_per_minute": 1000},
+                                          {"name": "all", "key": KEY + "y", "tokens_per_day": None}],
+                          quota_store_host="edge1", edge_hosts=["edge1"], quota_store_port=6379,
+                          quota_store_password="p" * 16, quota_fail_open=True, quota_store_address="127.0.0.1"),
+                     two_models())  # fmt: skip
+    assert plan["errors"] == []
+    assert plan["keys"] == [
+        {"name": "team", "models": [], "tokens_per_minute": 1000, "tokens_per_day": 0},
+        {"name": "all", "models": [], "tokens_per_minute": 0, "tokens_per_day": 0},
+    ]
+    assert plan["quota"] == {"store_host": "edge1", "address": "127.0.0.1", "port": 6379, "fail_open": True,
+                             "limited": ["team"]}  # fmt: skip
+    assert "p" * 16 not in str(plan) and KEY not in str(plan)
+    # no store: nothing counted
+    assert plan_edge(dict(EDGE, api_keys=[{"name": "a", "key": KEY}]), two_models())["quota"] is None
+
+
+STORE = {"quota_store_host": "edge1", "edge_hosts": ["edge1", "edge2"], "quota_store_port": 6379,
+         "quota_store_password": "p" * 20, "quota_fail_open": True}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("keys", "over", "words"),
+    [
+        ([{"name": "a", "key": KEY, "tokens_per_minute": "1000"}], STORE,
+         ["edge_api_keys[0] (a).tokens_per_minute='1000' must be a whole number of tokens"]),
+        ([{"name": "a", "key": KEY, "tokens_per_day": -5}], STORE,
+         ["edge_api_keys[0] (a).tokens_per_day=-5 must be a whole number"]),
+        ([{"name": "a", "key": KEY, "tokens_per_day": 1.5}], STORE, ["tokens_per_day=1.5 must be a whole number"]),
+        ([{"name": "a", "key": KEY, "tokens_per_minute": True}], STORE, ["tokens_per_minute=True must be"]),
+        ([{"name": "a", "key": KEY, "tokens_per_minute": 10}], {},
+         ["edge_api_keys (a) set tokens_per_minute or tokens_per_day, and edge_quota_store_host is empty"]),
+        ([{"name": "a", "key": KEY}], dict(STORE, quota_store_host="gpu1"),
+         ["edge_quota_store_host='gpu1' must be one of the edge hosts (edge1, edge2)"]),
+        ([], STORE, ["edge_quota_store_host=edge1 counts the tokens of each edge key, and edge_api_keys is empty"]),
+        ([{"name": "a", "key": KEY}], dict(STORE, quota_store_port="6379x"), ["edge_quota_store_port='6379x' must"]),
+        ([{"name": "a", "key": KEY}], dict(STORE, quota_store_password="short"),
+         ["edge_quota_store_password must be 16-128 characters"]),
+        ([{"name": "a", "key": KEY}], dict(STORE, quota_store_password="has space in it 0123"),
+         ["edge_quota_store_password must be"]),
+        ([{"name": "a", "key": KEY}], dict(STORE, quota_fail_open="yes"), ["edge_quota_fail_open='yes' must be true"]),
+    ],
+)  # fmt: skip
+def test_bad_quota_settings_are_named_before_any_change(keys, over, words):
+    plan = plan_edge(dict(EDGE, api_keys=keys, **over), two_models())
+    text = " ".join(plan["errors"])
+    for word in words:
+        assert word in text, text
+    assert "short" not in text and "has space" not in text
+
+
+def test_the_usage_store_opens_to_the_edge_hosts_only():
+    store = {"gpufleet_engines": [], "edge_quota_store_host": "edge1", "inventory_hostname": "edge1"}
+    plan = firewall(("edge",), store, edge_sources=["10.0.0.5", "10.0.0.6"])
+    assert [r for r in plan["rules"] if r["why"] == "the usage store"] == [
+        {"port": 6379, "sources": ["10.0.0.5/32", "10.0.0.6/32"], "why": "the usage store",
+         "v4": ["10.0.0.5/32", "10.0.0.6/32"], "v6": []}]  # fmt: skip
+    # the other edge hosts run no store; the store's own port setting is used
+    assert 6379 not in firewall(("edge",), dict(store, inventory_hostname="edge2"), edge_sources=["10.0.0.5"])["ports"]
+    assert 6400 in firewall(("edge",), dict(store, edge_quota_store_port=6400), edge_sources=["10.0.0.5"])["ports"]
+    assert "firewall_edge_sources" in " ".join(firewall(("edge",), store, edge_sources=["edge-a"])["errors"])

@@ -10,10 +10,13 @@
 --                      backend is touched. via_router: the router picks the instance by its own reading
 --                      of the body, so the whole body is decoded (never the scan) and a top-level
 --                      model is required when several are served.
+--                      With a usage store (edge_quota_store_host), gpufleet_quota.lua checks the
+--                      key's token quota here too and counts the answer's usage.
 --   list()             content phase: GET /v1/models and /v1/models/ID from the models it serves,
 --                      each once, only those the caller's key may use (without edge keys, to a
 --                      caller whose key a proxy accepts: /_gpufleet/key-check).
 local cjson = require "cjson.safe"
+local quota = require "gpufleet_quota"
 
 local _M = {}
 
@@ -46,6 +49,7 @@ function _M.load(models_path, keys_path)
   end
   -- one model: a request that names none goes to it (the engine's own default, as before)
   default_model = (#models == 1) and models[1] or nil
+  quota.configure(nil)
   local ktext = read(keys_path)
   if conf.keys_required and not ktext then
     -- never fail open: without its key list the edge would let every key reach every model
@@ -66,6 +70,7 @@ function _M.load(models_path, keys_path)
       end
       keys[k.key] = { name = k.name, scope = scope }
     end
+    quota.configure(kconf.quota, kconf.keys)
   end
   check_keys = next(keys) ~= nil
 end
@@ -136,7 +141,7 @@ local function model_of(body, exact)
   if ctype:find("multipart/form-data", 1, true) then
     -- the form field's own header line (a file part carries a filename): the first such part
     local field = '[Cc]ontent%-[Dd]isposition:[ \t]*form%-data;[ \t]*name="model"\r\n\r\n([^\r\n]*)'
-    return body:match("\r\n" .. field) or body:match("^" .. field), false
+    return body:match("\r\n" .. field) or body:match("^" .. field), false, nil, true
   end
   -- Fast path (direct to the proxies only): one raw `"model":` in the body, with a plain string
   -- value, and no \u escape anywhere. Inside a JSON string a quote is always escaped, so that
@@ -159,9 +164,9 @@ local function model_of(body, exact)
   end
   local name = doc.model
   if name == nil or name == cjson.null then
-    return nil, false
+    return nil, false, doc
   end
-  return tostring(name), false
+  return tostring(name), false, doc
 end
 
 function _M.route(via_router)
@@ -171,16 +176,17 @@ function _M.route(via_router)
     return fail(404, "Invalid URL (" .. ngx.req.get_method() .. " " .. uri .. ")", "invalid_request_error")
   end
   local who = caller()
-  local name, bad_json = nil, false
+  local name, bad_json, doc, form = nil, false, nil, false
+  local body = nil
   local method = ngx.req.get_method()
   if method ~= "GET" and method ~= "HEAD" then
     ngx.req.read_body()
-    local body = ngx.req.get_body_data()
+    body = ngx.req.get_body_data()
     if not body then
       local file = ngx.req.get_body_file()
       body = file and read(file)
     end
-    name, bad_json = model_of(body, via_router)
+    name, bad_json, doc, form = model_of(body, via_router)
   end
   local m
   if name == nil then
@@ -202,7 +208,25 @@ function _M.route(via_router)
   end
   ngx.var.gpufleet_upstream = m.upstream
   ngx.var.gpufleet_model = m.name
+  if quota.enabled() and who then
+    -- the key's token quota (429 before any backend), then its usage counted from the answer
+    quota.check(who, fail)
+    if body and body ~= "" then
+      if not doc and not form and body:find('"stream"', 1, true) then
+        -- the scan read the model: a raw "stream" key (no \u here) may ask for a stream
+        doc = cjson.decode(body)
+      end
+      quota.prepare(who, m.name, body, doc, fail)
+    end
+  end
 end
+
+-- init_worker, header and body filters, log: the quota's (nothing without a usage store)
+_M.start = quota.start
+_M.header_filter = quota.header_filter
+_M.body_filter = quota.body_filter
+_M.log = quota.log
+_M.quota_stats = quota.stats
 
 function _M.list()
   local who = caller()

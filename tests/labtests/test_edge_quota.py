@@ -1,0 +1,132 @@
+"""Per-key token quotas shared by every edge (issue 34): two edges (two nginx processes running
+the edge role's own site, with its Lua module) count each key's tokens in one usage store, the
+role's own redis.conf in Debian's redis-server, in front of stand-in proxies that answer at once
+with the usage each request decides (files/usage_responder.py, vLLM 0.32's framing). Checks:
+- a key with 100 tokens a minute, 40 a request through alternating edges: the third request
+  crosses it, the fourth and fifth are answered 429 (rate_limit_exceeded, Retry-After) by either
+  edge without reaching a backend;
+- the counted tokens, per key and model, equal what the stand-ins answered, exactly;
+- a stream's backend hop asks for usage (stream_options.include_usage), and the client that did
+  not ask gets no usage chunk; a client that asked keeps it; other stream options are kept;
+- the store down: the fail-open edge lets a key with a quota through unchecked, the fail-closed
+  one answers 503; both say so in their counters.
+The fleet lab proves the count against the real engines' usage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import jinja2
+from conftest import HARNESS, ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
+from models_bench import render
+
+SMALL = "quota-test-small-0123456789abcdef0123456"
+ALL = "quota-test-all-0123456789abcdef012345678"
+BIG = "quota-test-big-0123456789abcdef012345678"
+PASSWORD = "quota-store-test-password-0123"
+KEYS = [
+    {"name": "small", "key": SMALL, "tokens_per_minute": 100},
+    {"name": "all", "key": ALL},
+    {"name": "big", "key": BIG, "tokens_per_day": 1_000_000},
+]
+FILES = ROOT / "tests" / "labtests" / "files"
+
+SCRIPT = """
+set -e
+apt-get update -qq >/dev/null 2>&1
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light \\
+  libnginx-mod-http-lua lua-cjson redis-server >/dev/null 2>&1
+redis-server /bench/redis.conf --supervised no --daemonize yes --pidfile /tmp/redis.pid \\
+  --logfile /tmp/redis.log --dir /tmp
+python3 /bench/usage_responder.py 9301 9302 9303 &
+nginx -c /bench/models.conf
+# a second edge: the same site on 8081, failing closed while the store is down
+cp -r /bench /tmp/e2
+sed -i 's#/bench/conf#/tmp/e2/conf#g; s#/tmp/models#/tmp/e2m#g' /tmp/e2/models.conf /tmp/e2/conf/models-site.conf
+sed -i 's#127.0.0.1:8080#127.0.0.1:8081#' /tmp/e2/conf/models-site.conf
+sed -i 's#"fail_open": true#"fail_open": false#' /tmp/e2/conf/keys.json
+nginx -c /tmp/e2/models.conf
+sleep 0.5
+python3 /bench/quota_cases.py %s %s %s %s
+echo LOG
+cat /tmp/models-access.log /tmp/e2m-access.log
+""" % (SMALL, ALL, BIG, PASSWORD)
+
+
+def test_quotas_shared_by_two_edges(tmp_path):
+    image = subprocess.run([HARNESS, "image", "host"], check=True, capture_output=True, text=True).stdout.strip()
+    render(tmp_path, keys=KEYS, quota={"port": 6379, "password": PASSWORD, "fail_open": True}, backends_conf=None)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "roles" / "edge" / "templates")))
+    (tmp_path / "redis.conf").write_text(env.get_template("redis.conf.j2").render(
+        ansible_managed="test_edge_quota", groups={"edge": ["edge", "edge2"]}, edge_quota_store_port=6379,
+        edge_quota_store_password=PASSWORD))  # fmt: skip
+    for name in ("usage_responder.py", "quota_cases.py"):
+        (tmp_path / name).write_text((FILES / name).read_text())
+    (tmp_path / "run.sh").write_text(textwrap.dedent(SCRIPT))
+    done = subprocess.run(
+        ["docker", "run", "--rm", "-v", "%s:/bench:ro" % tmp_path, image, "sh", "/bench/run.sh"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    check(done.stdout.splitlines())
+
+
+def check(lines):
+    """The checks on the container's output (its RESULT line and the two access logs)."""
+    result = json.loads(next(line for line in lines if line.startswith("RESULT "))[len("RESULT ") :])
+    log = [json.loads(line) for line in lines[lines.index("LOG") + 1 :] if line.startswith("{")]
+
+    # 100 tokens a minute, 40 a request: 40, 80, 120 pass (the third crosses it), then 429 on both edges
+    small = result["small"]
+    assert not result["minute_changed"], "the minute changed during the check: run it again"
+    assert [r["status"] for r in small] == [200, 200, 200, 429, 429], small
+    assert [r["reached"] for r in small] == [1, 1, 1, 0, 0], small
+    assert result["small_minute"] == "120"
+    for r in small[3:]:
+        error = json.loads(r["body"])["error"]
+        assert error["code"] == "rate_limit_exceeded" and error["type"] == "tokens", error
+        assert "Limit 100, Used 120" in error["message"], error
+        assert 1 <= int(r["retry_after"]) <= 60, r
+
+    # streams: the backend was asked for usage; the client sees the chunk only when it asked
+    s = result["streams"]
+    for name in ("none", "other_option", "null"):
+        assert s[name]["status"] == 200 and s[name]["body"].endswith("data: [DONE]\n\n"), s[name]
+        assert '"usage"' not in s[name]["body"], s[name]
+        assert s[name]["body"].count('"delta"') == 5, s[name]
+        assert s[name]["backend_body"]["stream_options"]["include_usage"] is True, s[name]
+    assert s["other_option"]["backend_body"]["stream_options"] == {"continuous_usage_stats": False,
+                                                                    "include_usage": True}  # fmt: skip
+    assert s["asked"]["status"] == 200 and '"choices":[],"usage":{"prompt_tokens":10' in s["asked"]["body"], s["asked"]
+    assert s["escaped"]["status"] == 400 and '"param": "stream_options"' in s["escaped"]["body"].replace(
+        '"param":"', '"param": "'), s["escaped"]  # fmt: skip
+
+    # counted exactly what the stand-ins answered, per key and model (every key, with a limit or not)
+    answered = result["answered"]
+    counted = {k: {f: v[f] for f in ("prompt", "completion", "requests")} for k, v in result["counted"].items()}
+    assert counted == answered, (counted, answered)
+    assert set(answered) == {"small tiny-llama", "all tiny-mha", "all tiny-llama"}, answered
+
+    # the store down: open lets the limited key through, closed answers 503; a key without a limit passes both
+    down = result["down"]
+    assert down["open"]["status"] == 200, down["open"]
+    assert down["closed"]["status"] == 503 and json.loads(down["closed"]["body"])["error"]["code"] == "quota_unavailable"
+    assert down["closed"]["retry_after"] == "5"
+    assert down["no_limit"]["status"] == 200
+    st = result["stats"]
+    assert st["open"]["store_up"] is False and st["closed"]["store_up"] is False, st
+    assert st["open"]["unchecked_requests"] == 1 and st["closed"]["unchecked_requests"] == 0, st
+    # both requests that passed while it was down went uncounted (50 and 40 tokens), each on its own edge
+    assert st["open"]["uncounted_tokens"] == 40 and st["closed"]["uncounted_tokens"] == 40, st
+    assert st["open"]["refused_requests"] + st["closed"]["refused_requests"] == 2, st
+
+    # the access logs: each refusal without an upstream, the tokens of each answer
+    refused = [e for e in log if e["status"] == 429]
+    assert len(refused) == 2 and {e["upstream"] for e in refused} == {""} and {e["quota"] for e in refused} == {"refused"}
+    assert [e["tokens"] for e in log if e["key"] == "small" and e["status"] == 200] == ["40", "40", "40"], log
+    assert sorted(e["quota"] for e in log if e["key"] == "big") == ["unavailable", "unchecked"], log
