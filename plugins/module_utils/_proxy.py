@@ -116,8 +116,8 @@ def plan_proxy(params, engines, published=None):
         where = "proxy_api_keys[%d]" % i
         if not isinstance(entry, dict) or set(entry) - {"name", "key", "models", "tokens_per_minute", "tokens_per_day"}:
             errors.append(
-                "%s must be a mapping with name, key and (for the edge) models, tokens_per_minute and tokens_per_day only."
-                % where
+                "%s must be a mapping with name, key and (for the edge) models, tokens_per_minute and "
+                "tokens_per_day only." % where
             )
             continue
         name, key = entry.get("name"), entry.get("key")

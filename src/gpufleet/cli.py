@@ -413,6 +413,18 @@ def build_parser() -> argparse.ArgumentParser:
     _playbook_args(status, json_help="print the reports as one JSON object")
     status.set_defaults(func=cmd_status)
 
+    usage = sub.add_parser(
+        "usage",
+        help="token usage per key and model, each key's quota now, and each edge's view of the usage store",
+        description="Run the read-only playbooks/usage.yml on the edge hosts (edge_quota_store_host keeps the "
+        "counts). Exit 0 when every edge reads the store, 2 when one does not, the run's status when a host could "
+        "not be read, 1 on bad input.",
+        epilog=PASSTHROUGH_HELP,
+        allow_abbrev=False,
+    )
+    _playbook_args(usage, json_help="print each edge's answer as one JSON object")
+    usage.set_defaults(func=cmd_usage)
+
     from gpufleet import bench as _bench
 
     bench = sub.add_parser(
@@ -602,6 +614,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     from gpufleet.runner import run_status
 
     return run_status(_request(args, "status"))
+
+
+@_bad_input_is_1
+def cmd_usage(args: argparse.Namespace) -> int:
+    from gpufleet.runner import run_usage
+
+    return run_usage(_request(args, "usage"))
 
 
 def cmd_collection(args: argparse.Namespace) -> int:

@@ -413,6 +413,7 @@ class RunView:
     failures: list[Failure] = field(default_factory=list)
     reports: dict[str, Any] = field(default_factory=dict)  # gpufleet_status facts (status.yml)
     monitoring: dict[str, Any] | None = None  # the gpufleet_monitoring fact (status.yml, a monitoring host)
+    usage: dict[str, Any] = field(default_factory=dict)  # gpufleet_usage facts (usage.yml), per edge host
     play: str = ""
     task: str = ""
     _task_path: str = ""
@@ -464,6 +465,9 @@ class RunView:
             watched = ((data.get("res") or {}).get("ansible_facts") or {}).get("gpufleet_monitoring")
             if watched is not None:
                 self.monitoring = watched
+            usage = ((data.get("res") or {}).get("ansible_facts") or {}).get("gpufleet_usage")
+            if usage is not None:
+                self.usage[data.get("host", "?")] = usage
         elif kind == "runner_on_skipped":
             self._pending.pop(data.get("host", "?"), None)
             self.host(data.get("host", "?")).skipped += 1
@@ -621,6 +625,7 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path, colour: 
         "site": coll.site_playbook,
         "rollout": coll.rollout_playbook,
         "status": coll.root / "playbooks" / "status.yml",
+        "usage": coll.root / "playbooks" / "usage.yml",
     }
     playbook = named.get(req.playbook) or Path(req.playbook).expanduser().resolve()
     if not playbook.is_file():
@@ -992,5 +997,65 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
             file=err,
         )
     if down or pending or held:
+        return 2
+    return 0
+
+
+def usage_rows(usage: dict[str, Any]) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+    """gpufleet usage's tables from each edge host's gpufleet_usage fact: per key and model (the
+    store's counts, from the first edge that read it), each key's minute and day against its
+    limits, and each edge's view of the store."""
+    first = next((usage[h] for h in sorted(usage) if usage[h].get("store_up")), None) or {}
+    by_model = [["KEY", "MODEL", "PROMPT", "COMPLETION", "REQUESTS"]]
+    for u in first.get("usage") or []:
+        by_model.append([str(u.get("key")), str(u.get("model")), str(u.get("prompt", 0)),
+                         str(u.get("completion", 0)), str(u.get("requests", 0))])  # fmt: skip
+    quotas = [["KEY", "THIS MINUTE", "TODAY (UTC)"]]
+    for k in first.get("keys") or []:
+        quotas.append([str(k.get("name")), "%s/%s" % (k.get("minute", 0), k.get("limit_minute") or "-"),
+                       "%s/%s" % (k.get("day", 0), k.get("limit_day") or "-")])  # fmt: skip
+    edges = [["EDGE", "STORE", "REACHED", "REFUSED", "UNCHECKED", "UNCOUNTED TOKENS"]]
+    for host in sorted(usage):
+        u = usage[host]
+        stats = u.get("edge") or {}
+        reached = "yes" if u.get("store_up") else "NO: %s" % (u.get("error") or "?")
+        edges.append([host, str(u.get("store") or "-"), reached, str(stats.get("refused_requests", "-")),
+                      str(stats.get("unchecked_requests", "-")), str(stats.get("uncounted_tokens", "-"))])  # fmt: skip
+    return by_model, quotas, edges
+
+
+def run_usage(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """gpufleet usage: the read-only usage.yml, printed as tables (or JSON). Exit 0 when every edge
+    reads the usage store, 2 when one does not, the run's rc when a host could not be read, 1 on
+    bad input."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        echo = req.shows_output() and not req.json
+    except UsageError as exc:
+        print("gpufleet: %s" % exc, file=err)
+        return 1
+    view = RunView(out=out, live=False, quiet=True, echo=echo)
+    outcome = execute(req, view, err)
+    if outcome.log is None:
+        return outcome.rc
+    rc, log = outcome.rc, outcome.log
+    if req.json:
+        print(json.dumps({"edges": view.usage, "rc": rc, "log": str(log)}, indent=2, sort_keys=True), file=out)
+    else:
+        for n, rows in enumerate(usage_rows(view.usage)):
+            if n:
+                print("", file=out)
+            widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+            for row in rows:
+                print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    if rc != 0:
+        _print_failures(view, "usage", rc, outcome.status, log, err)
+        return rc
+    unread = sorted(h for h, u in view.usage.items() if not u.get("store_up"))
+    if not view.usage:
+        print("gpufleet: no edge host answered (the inventory's edge group is empty?)", file=err)
+        return 2
+    if unread:
+        print("gpufleet: the usage store is not read from: %s" % ", ".join(unread), file=err)
         return 2
     return 0

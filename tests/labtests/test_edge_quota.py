@@ -115,7 +115,9 @@ def check(lines):
     # the store down: open lets the limited key through, closed answers 503; a key without a limit passes both
     down = result["down"]
     assert down["open"]["status"] == 200, down["open"]
-    assert down["closed"]["status"] == 503 and json.loads(down["closed"]["body"])["error"]["code"] == "quota_unavailable"
+    assert (
+        down["closed"]["status"] == 503 and json.loads(down["closed"]["body"])["error"]["code"] == "quota_unavailable"
+    )
     assert down["closed"]["retry_after"] == "5"
     assert down["no_limit"]["status"] == 200
     st = result["stats"]
@@ -127,6 +129,8 @@ def check(lines):
 
     # the access logs: each refusal without an upstream, the tokens of each answer
     refused = [e for e in log if e["status"] == 429]
-    assert len(refused) == 2 and {e["upstream"] for e in refused} == {""} and {e["quota"] for e in refused} == {"refused"}
+    assert (
+        len(refused) == 2 and {e["upstream"] for e in refused} == {""} and {e["quota"] for e in refused} == {"refused"}
+    )
     assert [e["tokens"] for e in log if e["key"] == "small" and e["status"] == 200] == ["40", "40", "40"], log
     assert sorted(e["quota"] for e in log if e["key"] == "big") == ["unavailable", "unchecked"], log

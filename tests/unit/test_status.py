@@ -190,3 +190,18 @@ def test_a_multi_node_instance_shows_on_each_node_with_its_rank():
     assert rows[2][4] == "running, node 1 of 2 (leader gpu-01)"
     assert rows[3][4] == "NOT RUNNING (unit failed), node 1 of 2 (leader gpu-01)"
     assert worker["engines"][0]["serving"] and not stopped["engines"][0]["serving"]
+
+
+def test_usage_tables_read_the_store_once_and_name_each_edges_view():
+    from gpufleet.runner import usage_rows
+
+    up = {"store": "127.0.0.1:6379", "store_up": True, "edge": {"refused_requests": 2, "unchecked_requests": 0,
+                                                               "uncounted_tokens": 0},
+          "usage": [{"key": "team", "model": "tiny", "prompt": 10, "completion": 30, "requests": 1}],
+          "keys": [{"name": "team", "minute": 40, "day": 40, "limit_minute": 100, "limit_day": 0}]}  # fmt: skip
+    down = {"store": "10.0.0.5:6379", "store_up": False, "error": "connect: refused", "edge": None}
+    by_model, quotas, edges = usage_rows({"edge-b": down, "edge-a": up})
+    assert by_model == [["KEY", "MODEL", "PROMPT", "COMPLETION", "REQUESTS"], ["team", "tiny", "10", "30", "1"]]
+    assert quotas[1] == ["team", "40/100", "40/-"]
+    assert edges[1] == ["edge-a", "127.0.0.1:6379", "yes", "2", "0", "0"]
+    assert edges[2] == ["edge-b", "10.0.0.5:6379", "NO: connect: refused", "-", "-", "-"]

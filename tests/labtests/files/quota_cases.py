@@ -79,7 +79,9 @@ for name, body in cases.items():
     r["backend_body"] = got[0]["body"] if got else None
     streams[name] = r
 # an escaped member name the edge cannot place exactly: refused, never guessed
-streams["escaped"] = req(8080, ALL, '{"model": "tiny-mha", "stream": true, "stream_options": {"include\\u005fusage": false}}')
+streams["escaped"] = req(
+    8080, ALL, '{"model": "tiny-mha", "stream": true, "stream_options": {"include\\u005fusage": false}}'
+)
 out["streams"] = streams
 # a completion (JSON) for ALL through each edge
 out["json_all"] = [req(p, ALL, {**chat, "max_tokens": 7}) for p in (8080, 8081)]
@@ -90,7 +92,7 @@ counted = {}
 for member in store("SMEMBERS", "gu:index").splitlines():
     key, model = member.split(" ")
     fields = store("HGETALL", "gu:%s:%s" % (key, model)).splitlines()
-    counted[member] = dict(zip(fields[::2], map(int, fields[1::2])))
+    counted[member] = dict(zip(fields[::2], map(int, fields[1::2]), strict=True))
 out["counted"] = counted
 names = {"Bearer " + SMALL: "small", "Bearer " + ALL: "all", "Bearer " + BIG: "big"}
 answered = {}
