@@ -124,12 +124,14 @@ http {
 """
 
 
-def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080) -> None:
+def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080, conf_dir=CONF, router="") -> None:
     """The edge role's templates for two models (tiny-llama on a and b, tiny-mha on c), TLS off,
     the proxies at the responders, with edge keys (default: one key scoped to tiny-mha); then the
     baseline site without the Lua step. Writes the nginx configurations, client.py and run.sh.
     quota: {port, password, fail_open} for a usage store on loopback (edge_quota_store_host);
-    backends_conf: the responders' nginx configuration (None: none written); listen: the edge's port."""
+    backends_conf: the responders' nginx configuration (None: none written); listen: the edge's port;
+    conf_dir: where the files are read from when nginx runs; router: edge_router_policy (the router
+    on loopback 8090, its way to the proxies on 8091; not started here)."""
 
     def engines(name, model):
         return [{"name": name, "served_model_name": model, "port": 8001}]
@@ -145,7 +147,8 @@ def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080
     }  # fmt: skip
     keys = keys or [{"name": "bench", "key": KEY, "models": ["tiny-mha"]}]
     params = {"backend_group": "gpu_hosts", "drained": [], "listen_port": listen, "listen_address": "127.0.0.1",
-              "tls": False, "tls_port": 8443, "router_policy": "", "api_keys": keys}  # fmt: skip
+              "tls": False, "tls_port": 8443, "router_policy": router, "router_port": 8090,
+              "router_backend_port": 8091, "router_metrics_port": 9097, "api_keys": keys}  # fmt: skip
     if quota:
         params.update(quota_store_host="edge", edge_hosts=["edge"], quota_store_address="127.0.0.1",
                       quota_store_port=quota["port"], quota_store_password=quota["password"],
@@ -157,7 +160,8 @@ def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080
     )
     env.filters.update(comment=comment, to_json=to_json, to_nice_json=to_nice_json)
     ctx = {
-        "__edge_plan": plan, "_edge_conf_dir": CONF, "edge_tls": False, "edge_listen_address": "127.0.0.1",
+        "__edge_plan": plan, "_edge_conf_dir": conf_dir, "edge_tls": False, "edge_listen_address": "127.0.0.1",
+        "edge_router_port": 8090, "edge_router_backend_port": 8091,
         "edge_client_max_body_size": "64m", "edge_read_timeout": "600s",
         "edge_max_fails": 1, "edge_fail_timeout": "10s", "__edge_scheme": "http", "edge_api_keys": keys,
         "ansible_managed": "make bench-models", "edge_listen_port": listen,
@@ -165,14 +169,17 @@ def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080
     }  # fmt: skip
     conf = out / "conf"
     (conf / "lua").mkdir(parents=True)
-    for src, dst in [("models.conf.j2", "models.conf"), ("servers.conf.j2", "servers.conf"),
-                     ("models.json.j2", "models.json"), ("keys.json.j2", "keys.json")]:  # fmt: skip
+    files = [("models.conf.j2", "models.conf"), ("servers.conf.j2", "servers.conf"),
+             ("models.json.j2", "models.json"), ("keys.json.j2", "keys.json")]  # fmt: skip
+    if router:
+        files.append(("router-backends.conf.j2", "router-backends.conf"))
+    for src, dst in files:
         (conf / dst).write_text(env.get_template(src).render(ctx))
     (conf / "upstream.conf").write_text('proxy_http_version 1.1;\nproxy_set_header Connection "";\n')
     for lua in ("gpufleet_edge.lua", "gpufleet_quota.lua"):
         (conf / "lua" / lua).write_text((ROOT / "roles/edge/files" / lua).read_text())
     site = env.get_template("edge.conf.j2").render(ctx)
-    site = site.replace("/etc/nginx/gpufleet-edge/upstream.conf", CONF + "/upstream.conf")
+    site = site.replace("/etc/nginx/gpufleet-edge/upstream.conf", conf_dir + "/upstream.conf")
     site = site.replace("/var/log/nginx/gpufleet-edge-access.log", "/tmp/models-access.log")
     (conf / "models-site.conf").write_text(site)
     # The baseline: the same site, the Lua step out, every request to the one upstream of every backend.
@@ -188,8 +195,8 @@ def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080
     assert "_by_lua" not in base and "lua_package_path" not in base and "gpufleet_upstream" not in base, base
     (conf / "baseline-site.conf").write_text(base)
     modules = "include /etc/nginx/modules-enabled/*.conf;"
-    (out / "models.conf").write_text(EDGE % {"name": "models", "conf": CONF, "modules": modules})
-    (out / "baseline.conf").write_text(EDGE % {"name": "baseline", "conf": CONF, "modules": ""})
+    (out / "models.conf").write_text(EDGE % {"name": "models", "conf": conf_dir, "modules": modules})
+    (out / "baseline.conf").write_text(EDGE % {"name": "baseline", "conf": conf_dir, "modules": ""})
     if backends_conf:
         (out / "backends.conf").write_text(backends_conf)
     (out / "client.py").write_text(CLIENT)

@@ -10,6 +10,9 @@ with the usage each request decides (files/usage_responder.py, vLLM 0.32's frami
   not ask gets no usage chunk; a client that asked keeps it; other stream options are kept;
 - the store down: the fail-open edge lets a key with a quota through unchecked, the fail-closed
   one answers 503; both say so in their counters.
+The second edge's site routes chat and completions through a router that is not running, so each
+of its requests takes the router's fallback (an internal redirect to the model's upstream): its
+counts and the usage chunk's removal hold there too.
 The fleet lab proves the count against the real engines' usage."""
 
 from __future__ import annotations
@@ -45,10 +48,10 @@ redis-server /bench/redis.conf --supervised no --daemonize yes --pidfile /tmp/re
   --logfile /tmp/redis.log --dir /tmp
 python3 /bench/usage_responder.py 9301 9302 9303 &
 nginx -c /bench/models.conf
-# a second edge: the same site on 8081, failing closed while the store is down
-cp -r /bench /tmp/e2
-sed -i 's#/bench/conf#/tmp/e2/conf#g; s#/tmp/models#/tmp/e2m#g' /tmp/e2/models.conf /tmp/e2/conf/models-site.conf
-sed -i 's#127.0.0.1:8080#127.0.0.1:8081#' /tmp/e2/conf/models-site.conf
+# a second edge on 8081, failing closed while the store is down, whose site sends chat and
+# completions through a router that is not there: every one takes the router's fallback
+cp -r /bench/e2 /tmp/e2
+sed -i 's#/tmp/models#/tmp/e2m#g' /tmp/e2/models.conf /tmp/e2/conf/models-site.conf
 sed -i 's#"fail_open": true#"fail_open": false#' /tmp/e2/conf/keys.json
 nginx -c /tmp/e2/models.conf
 sleep 0.5
@@ -60,7 +63,10 @@ cat /tmp/models-access.log /tmp/e2m-access.log
 
 def test_quotas_shared_by_two_edges(tmp_path):
     image = subprocess.run([HARNESS, "image", "host"], check=True, capture_output=True, text=True).stdout.strip()
-    render(tmp_path, keys=KEYS, quota={"port": 6379, "password": PASSWORD, "fail_open": True}, backends_conf=None)
+    quota = {"port": 6379, "password": PASSWORD, "fail_open": True}
+    render(tmp_path, keys=KEYS, quota=quota, backends_conf=None)
+    render(tmp_path / "e2", keys=KEYS, quota=quota, backends_conf=None, listen=8081, conf_dir="/tmp/e2/conf",
+           router="cache_aware")  # fmt: skip
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "roles" / "edge" / "templates")))
     (tmp_path / "redis.conf").write_text(env.get_template("redis.conf.j2").render(
         ansible_managed="test_edge_quota", groups={"edge": ["edge", "edge2"]}, edge_quota_store_port=6379,
@@ -134,3 +140,6 @@ def check(lines):
     )
     assert [e["tokens"] for e in log if e["key"] == "small" and e["status"] == 200] == ["40", "40", "40"], log
     assert sorted(e["quota"] for e in log if e["key"] == "big") == ["unavailable", "unchecked"], log
+    # the second edge's answers came through the router's fallback (the router's address first), each counted
+    fallback = [e for e in log if e["upstream"].startswith("127.0.0.1:8090 : ") and e["status"] == 200]
+    assert len(fallback) == 7 and all(e["tokens"] for e in fallback), log

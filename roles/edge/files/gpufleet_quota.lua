@@ -253,6 +253,8 @@ function _M.prepare(who, model, body, doc, fail)
   end
   local ctx = { key = who.name, model = model, chunks = 0 }
   ngx.ctx.gpufleet_quota = ctx
+  -- (also in a variable: ngx.ctx does not survive the router's fallback, an internal redirect)
+  ngx.var.gpufleet_count = "count"
   if not doc or doc.stream ~= true then
     return
   end
@@ -267,6 +269,23 @@ function _M.prepare(who, model, body, doc, fail)
   end
   ngx.req.set_body_data(new)
   ctx.strip = true
+  ngx.var.gpufleet_count = "strip"
+end
+
+-- The request's count state: ngx.ctx, or after an internal redirect (error_page to the router's
+-- fallback) rebuilt from the variables route() set; false when nothing is counted.
+local function state()
+  local ctx = ngx.ctx.gpufleet_quota
+  if ctx == nil then
+    local how = ngx.var.gpufleet_count
+    if how == "count" or how == "strip" then
+      ctx = { key = ngx.var.gpufleet_key, model = ngx.var.gpufleet_model, chunks = 0, strip = how == "strip" }
+    else
+      ctx = false
+    end
+    ngx.ctx.gpufleet_quota = ctx
+  end
+  return ctx
 end
 
 local function usage_of(doc)
@@ -298,7 +317,7 @@ local function event(ctx, ev)
 end
 
 function _M.header_filter()
-  local ctx = ngx.ctx.gpufleet_quota
+  local ctx = state()
   if ctx and ctx.strip then
     -- the usage chunk may be taken out: the length is no longer the backend's
     ngx.header["Content-Length"] = nil
@@ -306,7 +325,7 @@ function _M.header_filter()
 end
 
 function _M.body_filter()
-  local ctx = ngx.ctx.gpufleet_quota
+  local ctx = state()
   if not ctx then
     return
   end
@@ -407,7 +426,7 @@ local function flush(premature)
 end
 
 function _M.log()
-  local ctx = ngx.ctx.gpufleet_quota
+  local ctx = state()
   local u = ctx and ctx.usage
   if not u or u[1] + u[2] == 0 then
     return
