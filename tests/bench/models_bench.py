@@ -1,18 +1,22 @@
-"""make bench-models: what routing by model adds at the edge (issue 34).
+"""make bench-models: what routing by model and the token quota add at the edge (issue 34).
 
 Real nginx (Debian's, with its Lua module, installed in a container of the lab host image) runs
-the edge role's own site twice, each in its own nginx with one worker:
+the edge role's own site three times, each in its own nginx with one worker:
 - `models`: the site as the role writes it for two models and edge keys: gpufleet_edge.lua reads
   each request's model and key in the access phase, checks the key's scope and picks the model's
   upstream;
 - `baseline`: the same rendered site with the Lua step taken out (one upstream of every backend,
-  `proxy_pass` to it), which is the edge before issue 34: measured in the same run.
-Behind both, fixed responders on loopback (a third nginx answering each request at once with a
-small completion) stand in for the proxies, so the difference is the edge's own work, not an
-engine's. Requests alternate between the two edges round by round, over keepalive connections, at
-concurrency 1 and 16, with 2 KB and 200 KB bodies. Prints p50 and p99 of each and the added p50;
-writes .cache/bench-models.txt. The quota check (issue 34's third part) is not built yet, so it is
-not measured here.
+  `proxy_pass` to it), which is the edge before issue 34: measured in the same run;
+- `quota`: `models` with a usage store (Debian's redis-server in the same container, the role's
+  redis.conf) and a daily token limit on the key: each request also reads the key's counters
+  from the store in the access phase (one round trip), its answer's usage is read as it passes
+  and counted (each worker sends its counts once a second).
+Behind them, fixed responders on loopback (a fourth nginx answering each request at once with a
+small completion and its usage) stand in for the proxies, so the difference is the edge's own
+work, not an engine's. Requests rotate over the three edges round by round, over keepalive
+connections, at concurrency 1 and 16, with 2 KB and 200 KB bodies. Prints p50 and p99 of each,
+the p50 routing adds to the baseline and the p50 the quota adds to routing; writes
+.cache/bench-models.txt.
 
     python tests/bench/models_bench.py [--rounds N] [--requests N]
 """
@@ -64,12 +68,12 @@ def run(port, body, conc, n, into):
     [t.join() for t in ts]
 for size, body in bodies.items():
     for conc in (1, 16):
-        got = {"models": [], "baseline": []}
-        run(8080, body, conc, 20, [])  # warm both (connections, caches)
-        run(8081, body, conc, 20, [])
+        order = [("models", 8080), ("baseline", 8081), ("quota", 8082)]
+        got = {name: [] for name, _ in order}
+        for _, port in order:
+            run(port, body, conc, 20, [])  # warm each (connections, caches)
         for i in range(rounds):
-            order = [("models", 8080), ("baseline", 8081)]
-            for name, port in (order if i %% 2 == 0 else order[::-1]):
+            for name, port in order[i %% 3:] + order[:i %% 3]:
                 run(port, body, conc, max(1, per // conc), got[name])
         q = lambda xs, p: statistics.quantiles(xs, n=100)[p - 1]
         out["%%s c=%%d" %% (size, conc)] = {k: {"n": len(v), "p50": statistics.median(v), "p99": q(v, 99)}
@@ -83,13 +87,19 @@ SCRIPT = """
 set -e
 apt-get update -qq >/dev/null 2>&1
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light libnginx-mod-http-lua \
-  lua-cjson >/dev/null 2>&1
+  lua-cjson redis-server >/dev/null 2>&1
 nginx -v 2>&1
+redis-server /bench/redis.conf --supervised no --daemonize yes --pidfile /tmp/redis.pid --logfile /tmp/redis.log \
+  --dir /tmp
 for c in backends models baseline; do nginx -c /bench/$c.conf; done
+# the quota site: its own pid, logs and body folder
+cp -r /bench/q /tmp/q && sed -i 's#/tmp/models#/tmp/quota#g' /tmp/q/models.conf /tmp/q/conf/models-site.conf
+nginx -c /tmp/q/models.conf
 sleep 0.5
 python3 /bench/client.py "$@"
 """
 
+# (the responders' answer: a small completion with its usage)
 BACKENDS = """
 worker_processes 1;
 pid /tmp/backends.pid;
@@ -105,11 +115,14 @@ http {
     client_body_buffer_size 1m;
     location / {
       default_type application/json;
-      return 200 '{"id":"cmpl-1","object":"text_completion","served_by":$server_port,"choices":[{"text":"ok"}]}';
+      return 200 '%s';
     }
   }
 }
-"""
+""" % (
+    '{"id":"cmpl-1","object":"text_completion","served_by":$server_port,"choices":[{"text":"ok"}],'
+    '"usage":{"prompt_tokens":5,"total_tokens":21,"completion_tokens":16}}'
+)
 
 EDGE = """
 %(modules)s
@@ -203,6 +216,21 @@ def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080
     (out / "run.sh").write_text(textwrap.dedent(SCRIPT))
 
 
+STORE_PASSWORD = "bench-usage-store-0123456789"
+
+
+def quota_site(out: Path) -> None:
+    """The `quota` edge (port 8082, files in q/): the models site with a usage store on loopback
+    and a daily limit on the bench key that the bench never reaches; and the store's redis.conf."""
+    keys = [{"name": "bench", "key": KEY, "models": ["tiny-mha"], "tokens_per_day": 10**12}]
+    render(out / "q", keys=keys, quota={"port": 6379, "password": STORE_PASSWORD}, backends_conf=None, listen=8082,
+           conf_dir="/tmp/q/conf")  # fmt: skip
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)))
+    (out / "redis.conf").write_text(env.get_template("redis.conf.j2").render(
+        ansible_managed="make bench-models", groups={"edge": ["edge"]}, edge_quota_store_port=6379,
+        edge_quota_store_password=STORE_PASSWORD))  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
@@ -211,6 +239,7 @@ def main() -> int:
     image = subprocess.run([str(HARNESS), "image", "host"], check=True, capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="bench-models-") as tmp:
         render(Path(tmp))
+        quota_site(Path(tmp))
         done = subprocess.run(
             ["docker", "run", "--rm", "-v", "%s:/bench:ro" % tmp, image,
              "sh", "/bench/run.sh", str(args.rounds), str(args.requests)],
@@ -223,18 +252,20 @@ def main() -> int:
     data = json.loads(result[0][len("RESULT ") :])
     nginx = next((line for line in done.stdout.splitlines() if "nginx version" in line), "nginx")
     lines = [
-        "make bench-models: the edge's routing by model against the same site without it (%s, one worker each;"
-        % nginx.strip(),
-        "fixed responders behind both; %d rounds alternating; ms)" % args.rounds,
-        "%-14s %9s %9s %9s %9s %10s %8s" % ("body, clients", "base p50", "model p50", "base p99", "model p99",
-                                            "added p50", "requests"),
+        "make bench-models: the edge's routing by model and its token quota against the same site without them",
+        "(%s, one worker each; fixed responders behind them; %d rounds rotating; ms)" % (nginx.strip(), args.rounds),
+        "%-14s %9s %9s %9s %9s %9s %9s %10s %10s %8s" % ("body, clients", "base p50", "model p50", "quota p50",
+                                                        "base p99", "model p99", "quota p99", "model+p50",
+                                                        "quota+p50", "requests"),
     ]  # fmt: skip
     for case, got in data.items():
-        b, m = got["baseline"], got["models"]
+        b, m, q = got["baseline"], got["models"], got["quota"]
         lines.append(
-            "%-14s %9.3f %9.3f %9.3f %9.3f %+10.3f %8d"
-            % (case, b["p50"], m["p50"], b["p99"], m["p99"], m["p50"] - b["p50"], m["n"])
-        )
+            "%-14s %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %+10.3f %+10.3f %8d"
+            % (case, b["p50"], m["p50"], q["p50"], b["p99"], m["p99"], q["p99"], m["p50"] - b["p50"],
+               q["p50"] - m["p50"], m["n"])
+        )  # fmt: skip
+    lines.append("model+p50: what routing by model adds to the baseline; quota+p50: what the quota adds to routing")
     text = "\n".join(lines) + "\n"
     print(text, end="")
     (ROOT / ".cache").mkdir(exist_ok=True)
