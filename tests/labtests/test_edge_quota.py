@@ -31,11 +31,15 @@ from models_bench import render
 SMALL = "quota-test-small-0123456789abcdef0123456"
 ALL = "quota-test-all-0123456789abcdef012345678"
 BIG = "quota-test-big-0123456789abcdef012345678"
+CUT = "quota-test-cut-0123456789abcdef012345678"
+RELOAD = "quota-test-reload-0123456789abcdef012345"
 PASSWORD = "quota-store-test-password-0123"
 KEYS = [
     {"name": "small", "key": SMALL, "tokens_per_minute": 100},
     {"name": "all", "key": ALL},
     {"name": "big", "key": BIG, "tokens_per_day": 1_000_000},
+    {"name": "cut", "key": CUT},
+    {"name": "reload", "key": RELOAD},
 ]
 FILES = ROOT / "tests" / "labtests" / "files"
 
@@ -55,10 +59,10 @@ sed -i 's#/tmp/models#/tmp/e2m#g' /tmp/e2/models.conf /tmp/e2/conf/models-site.c
 sed -i 's#"fail_open": true#"fail_open": false#' /tmp/e2/conf/keys.json
 nginx -c /tmp/e2/models.conf
 sleep 0.5
-python3 /bench/quota_cases.py %s %s %s %s
+python3 /bench/quota_cases.py %s %s %s %s %s %s
 echo LOG
 cat /tmp/models-access.log /tmp/e2m-access.log
-""" % (SMALL, ALL, BIG, PASSWORD)
+""" % (SMALL, ALL, BIG, CUT, RELOAD, PASSWORD)
 
 
 def test_quotas_shared_by_two_edges(tmp_path):
@@ -109,14 +113,35 @@ def check(lines):
     assert s["other_option"]["backend_body"]["stream_options"] == {"continuous_usage_stats": False,
                                                                     "include_usage": True}  # fmt: skip
     assert s["asked"]["status"] == 200 and '"choices":[],"usage":{"prompt_tokens":10' in s["asked"]["body"], s["asked"]
-    assert s["escaped"]["status"] == 400 and '"param": "stream_options"' in s["escaped"]["body"].replace(
-        '"param":"', '"param": "'), s["escaped"]  # fmt: skip
+    assert s["escaped"]["status"] == 200 and '"usage"' not in s["escaped"]["body"], s["escaped"]
+    assert s["escaped"]["backend_body"]["stream_options"] == {"include_usage": True}, s["escaped"]
+    assert s["two_options"]["status"] == 400 and '"param": "stream_options"' in s["two_options"]["body"].replace(
+        '"param":"', '"param": "'), s["two_options"]  # fmt: skip
+
+    # not a boolean stream, or a body cjson cannot read: refused (an engine would take them, uncounted)
+    assert s["stream_one"]["status"] == 400 and '"stream"' in s["stream_one"]["body"], s["stream_one"]
+    assert s["bom"]["status"] == 400, s["bom"]
+    # a \u in the prompt does not stop the edge setting include_usage in the client's null stream_options
+    assert s["escaped_prompt"]["status"] == 200 and '"usage"' not in s["escaped_prompt"]["body"], s["escaped_prompt"]
+    assert s["escaped_prompt"]["backend_body"]["stream_options"] == {"include_usage": True}, s["escaped_prompt"]
+    # Anthropic's messages: counted from input and output tokens; their streams carry usage, none injected
+    assert s["messages_json"]["status"] == 200 and s["messages_stream"]["status"] == 200, s
+    assert "stream_options" not in s["messages_stream"]["backend_body"], s["messages_stream"]
+    assert s["messages_stream"]["body"].count("content_block_delta") == 8, s["messages_stream"]
+    # a stream across a reload, whole
+    assert result["reload_stream"]["status"] == 200 and result["reload_stream"]["body"].endswith("data: [DONE]\n\n")
 
     # counted exactly what the stand-ins answered, per key and model (every key, with a limit or not)
     answered = result["answered"]
-    counted = {k: {f: v[f] for f in ("prompt", "completion", "requests")} for k, v in result["counted"].items()}
+    counted = {k: {f: v[f] for f in ("prompt", "completion", "requests")} for k, v in result["counted"].items()
+               if not k.startswith("cut ")}  # fmt: skip
     assert counted == answered, (counted, answered)
-    assert set(answered) == {"small tiny-llama", "all tiny-mha", "all tiny-llama"}, answered
+    assert set(answered) == {"small tiny-llama", "all tiny-mha", "all tiny-llama", "reload tiny-llama"}, answered
+    assert result["counted"]["reload tiny-llama"] == {"prompt": 10, "completion": 20, "requests": 1, "estimated": 0}
+    # the stream the client left: counted as estimated, its prompt guessed from the body (4 bytes a token)
+    cut = result["counted"]["cut tiny-llama"]
+    assert cut["requests"] == 1 and cut["estimated"] == 1, cut
+    assert cut["prompt"] == result["cut_body_bytes"] // 4 and 1 <= cut["completion"] < 40, (cut, result["cut_read"])
 
     # the store down: open lets the limited key through, closed answers 503; a key without a limit passes both
     down = result["down"]

@@ -215,6 +215,10 @@ function _M.route(via_router)
       if not doc and not form and body:find('"stream"', 1, true) then
         -- the scan read the model: a raw "stream" key (no \u here) may ask for a stream
         doc = cjson.decode(body)
+        if type(doc) ~= "table" then
+          -- (an engine may still read it, a byte order mark before it, say: its stream would go uncounted)
+          return fail(400, "We could not parse the JSON body of your request.", "invalid_request_error")
+        end
       end
       quota.prepare(who, m.name, body, doc, fail)
     end

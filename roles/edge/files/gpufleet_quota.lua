@@ -22,7 +22,11 @@ local _M = {}
 local store = nil
 local limits = {} -- key name -> {minute = N or nil, day = N or nil}
 local pending = {} -- this worker's counts not yet sent: "KEY MODEL MINUTE DAY" -> {p, c, n, e}
-local MAX_JSON = 16 * 1024 * 1024 -- a non-streamed answer kept whole for its usage up to this size
+local MAX_JSON = 1024 * 1024 -- a non-streamed answer decoded whole for its usage up to this size
+local MAX_TAIL = 1024 * 1024 -- an SSE event longer than this: the rest of the stream passes unread
+-- the paths whose streams take stream_options (OpenAI's chat and completions); the others' streams
+-- carry their usage in their own events (responses, messages)
+local USAGE_OPTION = { ["/v1/chat/completions"] = true, ["/v1/completions"] = true }
 
 local function stat(name, n)
   local dict = ngx.shared.gpufleet_quota
@@ -219,14 +223,21 @@ local function with_usage(body, doc)
     end
     return body:sub(1, i - 1) .. ',"stream_options":{"include_usage":true}' .. body:sub(i)
   end
-  -- the client's own stream_options, without include_usage: its one raw key's value replaced (a
-  -- \u escape or a second such key could hide another, so those are refused rather than guessed)
-  if body:find("\\u", 1, true) then
-    return nil
-  end
+  -- the client's own stream_options, without include_usage: its one raw key's value replaced. A
+  -- second such key, raw or spelled with \u escapes, could hide another: refused, never guessed.
   local _, last = body:find('"stream_options"', 1, true)
   if not last or body:find('"stream_options"', last + 1, true) then
     return nil
+  end
+  if body:find("\\u", 1, true) then
+    local plain = body:gsub("\\u(%x%x%x%x)", function(hex)
+      local n = tonumber(hex, 16)
+      return n < 128 and string.char(n) or "?"
+    end)
+    local _, first = plain:find('"stream_options"', 1, true)
+    if plain:find('"stream_options"', first + 1, true) then
+      return nil
+    end
   end
   local at = body:match("^%s*:%s*()", last + 1)
   local stop = at and value_end(body, at)
@@ -251,11 +262,18 @@ function _M.prepare(who, model, body, doc, fail)
   if not store or not who then
     return
   end
-  local ctx = { key = who.name, model = model, chunks = 0 }
+  -- a stream cut before its usage is counted from what it sent, its prompt guessed from the body
+  -- (4 bytes a token: more than the prompt's tokens, as the body holds more than the prompt)
+  local ctx = { key = who.name, model = model, chunks = 0, guess = math.floor(#body / 4) }
   ngx.ctx.gpufleet_quota = ctx
   -- (also in a variable: ngx.ctx does not survive the router's fallback, an internal redirect)
-  ngx.var.gpufleet_count = "count"
-  if not doc or doc.stream ~= true then
+  ngx.var.gpufleet_count = "count:" .. ctx.guess
+  local stream = doc and doc.stream
+  if stream ~= nil and stream ~= true and stream ~= false and stream ~= cjson.null then
+    -- an engine takes 1 or "yes" for true too: only a boolean is read the same way here
+    return fail(400, "stream must be true or false.", "invalid_request_error", nil, "stream")
+  end
+  if stream ~= true or not USAGE_OPTION[ngx.var.uri] then
     return
   end
   local opts = doc.stream_options
@@ -264,12 +282,12 @@ function _M.prepare(who, model, body, doc, fail)
   end
   local new = with_usage(body, doc)
   if not new then
-    return fail(400, "stream_options could not be read: send it as a JSON object of true/false values, "
-      .. "without \\u escapes.", "invalid_request_error", nil, "stream_options")
+    return fail(400, "stream_options could not be read: send it once, as a JSON object of true/false "
+      .. "values.", "invalid_request_error", nil, "stream_options")
   end
   ngx.req.set_body_data(new)
   ctx.strip = true
-  ngx.var.gpufleet_count = "strip"
+  ngx.var.gpufleet_count = "strip:" .. ctx.guess
 end
 
 -- The request's count state: ngx.ctx, or after an internal redirect (error_page to the router's
@@ -277,9 +295,10 @@ end
 local function state()
   local ctx = ngx.ctx.gpufleet_quota
   if ctx == nil then
-    local how = ngx.var.gpufleet_count
-    if how == "count" or how == "strip" then
-      ctx = { key = ngx.var.gpufleet_key, model = ngx.var.gpufleet_model, chunks = 0, strip = how == "strip" }
+    local how, guess = (ngx.var.gpufleet_count or ""):match("^(%a+):(%d+)$")
+    if how then
+      ctx = { key = ngx.var.gpufleet_key, model = ngx.var.gpufleet_model, chunks = 0, strip = how == "strip",
+        guess = tonumber(guess) }
     else
       ctx = false
     end
@@ -288,32 +307,71 @@ local function state()
   return ctx
 end
 
+-- An answer's or an event's usage: OpenAI's (prompt_tokens, completion_tokens; an embedding's
+-- total_tokens), the Responses API's and Anthropic's (input_tokens, output_tokens, also under
+-- `response` or `message` in their stream events); nil when it holds none.
 local function usage_of(doc)
-  local u = type(doc) == "table" and doc.usage
+  if type(doc) ~= "table" then
+    return nil
+  end
+  local u = doc.usage
+  if type(u) ~= "table" then
+    local inner = type(doc.response) == "table" and doc.response or type(doc.message) == "table" and doc.message
+    u = inner and inner.usage
+  end
   if type(u) ~= "table" then
     return nil
   end
-  local p = tonumber(u.prompt_tokens) or 0
-  local c = tonumber(u.completion_tokens) or math.max((tonumber(u.total_tokens) or 0) - p, 0)
-  return { p, c }
+  local p = tonumber(u.prompt_tokens) or tonumber(u.input_tokens)
+  local c = tonumber(u.completion_tokens) or tonumber(u.output_tokens)
+  if not c and tonumber(u.total_tokens) then
+    c = math.max(tonumber(u.total_tokens) - (p or 0), 0)
+  end
+  if not p and not c then
+    return nil
+  end
+  return { p or 0, c or 0 }
+end
+
+-- Two readings of one answer's usage (a stream reports it more than once, or in parts: Anthropic's
+-- input tokens first, output tokens last): the larger of each.
+local function merged(a, b)
+  if not a then
+    return b
+  end
+  return { math.max(a[1], b[1]), math.max(a[2], b[2]) }
 end
 
 -- One SSE event (text ending "\n\n"): its usage kept; "" when it is the usage chunk the client
 -- did not ask for.
 local function event(ctx, ev)
   if ev:find('"usage":{', 1, true) then
-    local doc = cjson.decode(ev:match("^data: ?(.-)%s*$") or "")
+    -- (its data line: the event may start with an `event:` line)
+    local doc = cjson.decode(ev:match("^data: ?(.-)%s*$") or ev:match("\ndata: ?(.-)%s*$") or "")
     local u = usage_of(doc)
     if u then
-      ctx.usage = u
+      ctx.usage = merged(ctx.usage, u)
       if ctx.strip and type(doc.choices) == "table" and next(doc.choices) == nil then
         return ""
       end
+      return ev
     end
-  elseif ev:find('"choices":[{', 1, true) then
+  end
+  if not ev:find("data: [DONE]", 1, true) then
     ctx.chunks = ctx.chunks + 1
   end
   return ev
+end
+
+-- A stream without its usage (the client left, the backend stopped, an unreadable answer): each
+-- event it sent counted as one completion token (an engine step sends one or more) and the prompt
+-- guessed from the request's body; nil when it sent nothing.
+local function estimate(ctx)
+  if ctx.usage or ctx.chunks == 0 then
+    return ctx.usage
+  end
+  ctx.usage, ctx.estimated = { ctx.guess or 0, ctx.chunks }, true
+  return ctx.usage
 end
 
 function _M.header_filter()
@@ -347,9 +405,14 @@ function _M.body_filter()
       pos = e + 1
     end
     ctx.tail = data:sub(pos)
-    if eof then
+    if eof or #ctx.tail > MAX_TAIL then
+      -- (no event boundary in 1 MB: not SSE as read here; the rest passes, its chunks counted)
       out[#out + 1] = ctx.tail
       ctx.tail = nil
+      if not eof then
+        ctx.sse, ctx.json = false, false
+        ctx.chunks = ctx.chunks + 1
+      end
     end
     ngx.arg[1] = table.concat(out)
   elseif ctx.json then
@@ -358,31 +421,31 @@ function _M.body_filter()
       ctx.size = ctx.size + #chunk
     else
       -- past the limit: the end is kept (usage is the answer's last member but for prompt_logprobs)
-      ctx.parts, ctx.size = { (ctx.parts[#ctx.parts] or ""):sub(-65536), chunk }, MAX_JSON
+      ctx.parts, ctx.size = { (table.concat(ctx.parts) .. chunk):sub(-65536) }, MAX_JSON
       ctx.cut = true
     end
     if eof then
       local text = table.concat(ctx.parts)
       ctx.parts = nil
       if ctx.cut then
+        -- (the last `"usage":` of the answer's end: a raw key, as a string's quotes are escaped)
         local at = text:match('.*"usage":()')
-        local p = at and text:match('^%s*{[^{}]-"prompt_tokens":%s*(%d+)', at)
-        local c = at and text:match('^%s*{[^{}]-"completion_tokens":%s*(%d+)', at)
-        ctx.usage = p and { tonumber(p), tonumber(c) or 0 } or nil
+        local obj = at and text:match("^%s*({[^{}]*)", at)
+        local p = obj and (obj:match('"prompt_tokens":%s*(%d+)') or obj:match('"input_tokens":%s*(%d+)'))
+        local c = obj and (obj:match('"completion_tokens":%s*(%d+)') or obj:match('"output_tokens":%s*(%d+)'))
+        local t = obj and obj:match('"total_tokens":%s*(%d+)')
+        if p or c or t then
+          p, c = tonumber(p) or 0, tonumber(c) or math.max((tonumber(t) or 0) - (tonumber(p) or 0), 0)
+          ctx.usage = { p, c }
+        end
       else
         ctx.usage = usage_of(cjson.decode(text))
       end
     end
   end
   if eof then
-    local u = ctx.usage
-    if not u and ctx.chunks > 0 then
-      -- a stream cut before its usage chunk (the client left): each content chunk counted as one
-      -- token (an engine step), its prompt not counted
-      u, ctx.estimated = { 0, ctx.chunks }, true
-    end
+    local u = ctx.usage or estimate(ctx)
     if u then
-      ctx.usage = u
       ngx.var.gpufleet_tokens = u[1] + u[2]
     end
   end
@@ -427,7 +490,8 @@ end
 
 function _M.log()
   local ctx = state()
-  local u = ctx and ctx.usage
+  -- (a client that left never lets the body filter see the answer's end)
+  local u = ctx and (ctx.usage or estimate(ctx))
   if not u or u[1] + u[2] == 0 then
     return
   end
@@ -441,6 +505,10 @@ function _M.log()
   n[1], n[2], n[3] = n[1] + u[1], n[2] + u[2], n[3] + 1
   if ctx.estimated then
     n[4] = n[4] + 1
+  end
+  if ngx.worker.exiting() then
+    -- a reload: this worker's once-a-second timer has run its last, so this count goes now
+    ngx.timer.at(0, flush)
   end
 end
 

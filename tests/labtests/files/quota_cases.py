@@ -2,7 +2,7 @@
 8081: fail closed) share one usage store; prints one RESULT line of JSON with what each
 answered, what the responders got and what the store holds.
 
-    python3 quota_cases.py SMALL_KEY ALL_KEY BIG_KEY STORE_PASSWORD
+    python3 quota_cases.py SMALL_KEY ALL_KEY BIG_KEY CUT_KEY RELOAD_KEY STORE_PASSWORD
 """
 
 import http.client
@@ -10,16 +10,18 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
-SMALL, ALL, BIG, PASSWORD = sys.argv[1:5]
+SMALL, ALL, BIG, CUT, RELOAD, PASSWORD = sys.argv[1:7]
+HEADERS = {"Content-Type": "application/json"}
 FLUSH = 1.5  # each edge worker sends its counts once a second
 
 
 def req(port, key, body, path="/v1/chat/completions"):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("POST", path, body if isinstance(body, str) else json.dumps(body),
-              {"Authorization": "Bearer " + key, "Content-Type": "application/json"})  # fmt: skip
+    data = body.encode() if isinstance(body, str) else body if isinstance(body, bytes) else json.dumps(body).encode()
+    c.request("POST", path, data, {"Authorization": "Bearer " + key, **HEADERS})
     r = c.getresponse()
     text = r.read().decode()
     return {"status": r.status, "retry_after": r.getheader("Retry-After"), "body": text}
@@ -78,11 +80,48 @@ for name, body in cases.items():
     got = seen()[before:]
     r["backend_body"] = got[0]["body"] if got else None
     streams[name] = r
-# an escaped member name the edge cannot place exactly: refused, never guessed
-streams["escaped"] = req(
-    8080, ALL, '{"model": "tiny-mha", "stream": true, "stream_options": {"include\\u005fusage": false}}'
-)
+# an escaped member name inside stream_options: the whole object is replaced, the backend asked for usage
+before = len(seen())
+streams["escaped"] = req(8080, ALL, '{"model": "tiny-mha", "messages": [], "max_tokens": 5, "stream": true,'
+                                    ' "stream_options": {"include\\u005fusage": false}}')  # fmt: skip
+streams["escaped"]["backend_body"] = seen()[before]["body"] if len(seen()) > before else None
+# two stream_options, one spelled with an escape: refused, never guessed
+streams["two_options"] = req(8080, ALL, '{"model": "tiny-mha", "max_tokens": 5, "stream": true,'
+                                        ' "stream_options": {}, "stream\\u005foptions": null}')  # fmt: skip
+# a stream that is not a boolean, a body cjson cannot read (a byte order mark): refused, never uncounted
+streams["stream_one"] = req(8080, ALL, {**stream, "stream": 1})
+streams["bom"] = req(8080, ALL, b"\xef\xbb\xbf" + json.dumps(stream).encode())
+# a \u escape in the prompt and stream_options null: the edge still sets include_usage
+before = len(seen())
+escaped = ('{"model": "tiny-mha", "messages": [{"role": "user", "content": "caf\\u00e9"}], "max_tokens": 5,'
+           ' "stream": true, "stream_options": null}')  # fmt: skip
+streams["escaped_prompt"] = req(8080, ALL, escaped)
+streams["escaped_prompt"]["backend_body"] = seen()[before]["body"] if len(seen()) > before else None
+# Anthropic's messages: usage as input and output tokens, a stream's in two events (never injected)
+messages = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+streams["messages_json"] = req(8081, ALL, messages, "/v1/messages")
+before = len(seen())
+streams["messages_stream"] = req(8080, ALL, {**messages, "max_tokens": 4, "stream": True}, "/v1/messages")
+streams["messages_stream"]["backend_body"] = seen()[before]["body"] if len(seen()) > before else None
 out["streams"] = streams
+
+# a client that leaves a stream after its first bytes: counted, estimated (what it sent, the prompt guessed)
+cut = {**chat, "max_tokens": 40, "stream": True, "pause": 0.05}
+c = http.client.HTTPConnection("127.0.0.1", 8080, timeout=30)
+c.request("POST", "/v1/chat/completions", json.dumps(cut).encode(), {"Authorization": "Bearer " + CUT, **HEADERS})
+r = c.getresponse()
+out["cut_read"] = len(r.read(200))
+c.close()
+out["cut_body_bytes"] = len(json.dumps(cut).encode())
+# a stream across a reload of the first edge: its old worker counts it when it ends
+done = {}
+slow = threading.Thread(target=lambda: done.update(req(8080, RELOAD, {**chat, "max_tokens": 20, "stream": True,
+                                                                       "pause": 0.1})))  # fmt: skip
+slow.start()
+time.sleep(0.5)
+subprocess.run(["nginx", "-c", "/bench/models.conf", "-s", "reload"], check=True)
+slow.join()
+out["reload_stream"] = done
 # a completion (JSON) for ALL through each edge
 out["json_all"] = [req(p, ALL, {**chat, "max_tokens": 7}) for p in (8080, 8081)]
 time.sleep(FLUSH)
@@ -94,9 +133,11 @@ for member in store("SMEMBERS", "gu:index").splitlines():
     fields = store("HGETALL", "gu:%s:%s" % (key, model)).splitlines()
     counted[member] = dict(zip(fields[::2], map(int, fields[1::2]), strict=True))
 out["counted"] = counted
-names = {"Bearer " + SMALL: "small", "Bearer " + ALL: "all", "Bearer " + BIG: "big"}
+names = {"Bearer " + k: n for k, n in ((SMALL, "small"), (ALL, "all"), (BIG, "big"), (CUT, "cut"), (RELOAD, "reload"))}
 answered = {}
 for s in seen():
+    if names[s["auth"]] == "cut":
+        continue  # (left before its end: estimated, checked on its own)
     member = "%s %s" % (names[s["auth"]], s["body"]["model"])
     n = answered.setdefault(member, {"prompt": 0, "completion": 0, "requests": 0})
     n["prompt"] += 10

@@ -2,8 +2,10 @@
 with a completion whose usage the request decides (prompt_tokens 10, completion_tokens its
 max_tokens), as vLLM 0.32 frames it: a JSON answer with `usage`, or an SSE stream of max_tokens
 content chunks, then, when the request asks for it (stream_options.include_usage), vLLM's usage
-chunk (`choices: []`), then `data: [DONE]`. Each request it got is appended to /tmp/seen.jsonl:
-its port, its Authorization header and its body.
+chunk (`choices: []`), then `data: [DONE]`. /v1/messages answers in Anthropic's shape (usage as
+input_tokens and output_tokens; a stream's in its message_start and message_delta events). A
+request with "pause" waits that many seconds between its stream's chunks. Each request it got is
+appended to /tmp/seen.jsonl: its port, its Authorization header, its path and its body.
 
     python3 usage_responder.py PORT [PORT ...]
 """
@@ -11,6 +13,7 @@ its port, its Authorization header and its body.
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PROMPT = 10
@@ -28,14 +31,22 @@ class Handler(BaseHTTPRequestHandler):
         doc = json.loads(body)
         port = self.server.server_address[1]
         with LOCK, open("/tmp/seen.jsonl", "a") as f:
-            f.write(json.dumps({"port": port, "auth": self.headers.get("Authorization"), "body": doc}) + "\n")
+            f.write(json.dumps({"port": port, "auth": self.headers.get("Authorization"), "path": self.path,
+                                "body": doc}) + "\n")  # fmt: skip
         n = int(doc.get("max_tokens") or 1)
         usage = {"prompt_tokens": PROMPT, "total_tokens": PROMPT + n, "completion_tokens": n}
         head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": doc.get("model")}
+        messages = self.path == "/v1/messages"
         if not doc.get("stream"):
-            out = json.dumps({**head, "object": "chat.completion", "served_by": port,
-                              "choices": [{"index": 0, "message": {"role": "assistant", "content": "t" * n}}],
-                              "usage": usage}, separators=(",", ":")).encode()  # fmt: skip
+            if messages:
+                answer = {"id": "msg_1", "type": "message", "role": "assistant", "served_by": port,
+                          "content": [{"type": "text", "text": "t" * n}],
+                          "usage": {"input_tokens": PROMPT, "output_tokens": n}}  # fmt: skip
+            else:
+                answer = {**head, "object": "chat.completion", "served_by": port,
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "t" * n}}],
+                          "usage": usage}  # fmt: skip
+            out = json.dumps(answer, separators=(",", ":")).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(out)))
@@ -52,10 +63,29 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
 
+        def compact(value):
+            return json.dumps(value, separators=(",", ":"))
+
+        if messages:
+            start = {"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": PROMPT,
+                                                                                   "output_tokens": 1}}}  # fmt: skip
+            send("event: message_start\ndata: %s\n\n" % compact(start))
+            for _ in range(n):
+                delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "t"}}
+                send("event: content_block_delta\ndata: %s\n\n" % compact(delta))
+            end = {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": n}}
+            send("event: message_delta\ndata: %s\n\n" % compact(end))
+            send('event: message_stop\ndata: {"type":"message_stop"}\n\n')
+            self.wfile.write(b"0\r\n\r\n")
+            return
         for i in range(n):
             chunk = {**head, "choices": [{"index": 0, "delta": {"content": "t"}, "logprobs": None,
                                           "finish_reason": "length" if i == n - 1 else None}]}  # fmt: skip
-            send("data: %s\n\n" % json.dumps(chunk, separators=(",", ":")))
+            try:
+                send("data: %s\n\n" % compact(chunk))
+            except OSError:
+                return  # the edge closed it (the client left)
+            time.sleep(float(doc.get("pause") or 0))
         if (doc.get("stream_options") or {}).get("include_usage"):
             send("data: %s\n\n" % json.dumps({**head, "choices": [], "usage": usage}, separators=(",", ":")))
         send("data: [DONE]\n\n")
