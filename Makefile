@@ -48,10 +48,10 @@ SCENARIO ?=
 # Each tier's duration is printed at the end (tests/tiers.sh), passed or not. GPUFLEET_TEST_TIER
 # tells the labs which entry point runs them: `test` leaves out what is marked test-full
 # (`when: lab_full` in the scenarios, `@pytest.mark.full` in the labtests); unset means full.
-# make test runs the nccl lab (light hosts, no engine) at once with the labtests (engines in plain
-# containers): they share nothing but the two cores.
+# make test runs the nccl lab (light hosts, no engine), the labtests (engines in plain containers)
+# and the engine lab (one engine host and an outsider) at once: they share nothing but the two cores.
 test:
-	@GPUFLEET_TEST_TIER=test tests/tiers.sh setup lab unit lint labtests+molecule:nccl molecule:engine molecule:fleet
+	@GPUFLEET_TEST_TIER=test tests/tiers.sh setup lab unit lint labtests+molecule:nccl+molecule:engine molecule:fleet
 
 test-full:
 	@GPUFLEET_TEST_TIER=full tests/tiers.sh setup lab unit lint pythons labtests molecule
