@@ -18,8 +18,8 @@
 #   make bench-scrape  the fleet lab with the monitoring scrape-cost benchmark (tokens/s with and without)
 #   make bench-routing three replicas behind the edge's router: round robin vs cache_aware vs consistent_hash
 #                      on a multi-turn workload, and the router's added latency
-#   make bench-models  the edge's routing by model (Lua, per-model upstreams, key scopes) against the same site
-#                      without it: added p50 at concurrency 1 and 16, 2 KB and 200 KB bodies
+#   make bench-models  the edge's routing by model (Lua, per-model upstreams, key scopes) and its token quota
+#                      against the same site without them: added p50 at concurrency 1 and 16, 2 KB and 200 KB
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 #   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
 #   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
@@ -164,9 +164,10 @@ bench-routing: $(STAMP) lab
 	GPUFLEET_BENCH_ROUTING=1 GPUFLEET_FLEET_VERIFY=bench_routing.yml $(BIN)/molecule verify -s fleet
 	$(BIN)/molecule destroy -s fleet
 
-# What routing by model adds at the edge: the edge role's site with its Lua step against the same
-# site without it (real nginx in a lab host container, fixed responders behind both, alternating
-# rounds); prints a table, also in .cache/bench-models.txt.
+# What routing by model and the token quota add at the edge: the edge role's site with its Lua step,
+# and with a usage store (redis-server) and a key limit, against the same site without them (real
+# nginx in a lab host container, fixed responders behind them, rotating rounds); prints a table,
+# also in .cache/bench-models.txt.
 bench-models: $(STAMP) lab
 	$(BIN)/python tests/bench/models_bench.py
 
