@@ -936,20 +936,35 @@ def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = Non
     return rows
 
 
+def _read_only(req: RunRequest, out: TextIO, err: TextIO) -> tuple[RunView | None, Any]:
+    """Runs a read-only playbook (status.yml, usage.yml) quietly: (its view, its outcome), or (None,
+    the exit status) when it did not run (1 on bad input)."""
+    try:
+        echo = req.shows_output() and not req.json
+    except UsageError as exc:
+        print("gpufleet: %s" % exc, file=err)
+        return None, 1
+    view = RunView(out=out, live=False, quiet=True, echo=echo)
+    outcome = execute(req, view, err)
+    if outcome.log is None:
+        return None, outcome.rc
+    return view, outcome
+
+
+def _print_table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
 def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """gpufleet status: the read-only status.yml, printed as a table (or JSON). Exit 0 when every
     instance serves as deployed, 2 when one does not serve or still waits for its restart, the run's rc when a
     host could not be read, 1 on bad input."""
     out, err = out or sys.stdout, err or sys.stderr
-    try:
-        echo = req.shows_output() and not req.json
-    except UsageError as exc:
-        print("gpufleet: %s" % exc, file=err)
-        return 1
-    view = RunView(out=out, live=False, quiet=True, echo=echo)
-    outcome = execute(req, view, err)
-    if outcome.log is None:
-        return outcome.rc
+    view, outcome = _read_only(req, out, err)
+    if view is None:
+        return outcome
     rc, log = outcome.rc, outcome.log
     down = [
         "%s/%s" % (host, e.get("name"))
@@ -975,10 +990,7 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
             answer["monitoring"] = view.monitoring
         print(json.dumps(answer, indent=2, sort_keys=True), file=out)
     else:
-        rows = status_rows(view.reports, view.monitoring)
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
+        _print_table(status_rows(view.reports, view.monitoring), out)
     if rc != 0:
         _print_failures(view, "status", rc, outcome.status, log, err)
         return rc
@@ -1029,15 +1041,9 @@ def run_usage(req: RunRequest, out: TextIO | None = None, err: TextIO | None = N
     reads the usage store, 2 when one does not, the run's rc when a host could not be read, 1 on
     bad input."""
     out, err = out or sys.stdout, err or sys.stderr
-    try:
-        echo = req.shows_output() and not req.json
-    except UsageError as exc:
-        print("gpufleet: %s" % exc, file=err)
-        return 1
-    view = RunView(out=out, live=False, quiet=True, echo=echo)
-    outcome = execute(req, view, err)
-    if outcome.log is None:
-        return outcome.rc
+    view, outcome = _read_only(req, out, err)
+    if view is None:
+        return outcome
     rc, log = outcome.rc, outcome.log
     if req.json:
         print(json.dumps({"edges": view.usage, "rc": rc, "log": str(log)}, indent=2, sort_keys=True), file=out)
@@ -1045,9 +1051,7 @@ def run_usage(req: RunRequest, out: TextIO | None = None, err: TextIO | None = N
         for n, rows in enumerate(usage_rows(view.usage)):
             if n:
                 print("", file=out)
-            widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-            for row in rows:
-                print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
+            _print_table(rows, out)
     if rc != 0:
         _print_failures(view, "usage", rc, outcome.status, log, err)
         return rc
