@@ -225,10 +225,15 @@ def quota_site(out: Path) -> None:
     keys = [{"name": "bench", "key": KEY, "models": ["tiny-mha"], "tokens_per_day": 10**12}]
     render(out / "q", keys=keys, quota={"port": 6379, "password": STORE_PASSWORD}, backends_conf=None, listen=8082,
            conf_dir="/tmp/q/conf")  # fmt: skip
+    redis_conf(out / "redis.conf", STORE_PASSWORD, edges=["edge"], by="make bench-models")
+
+
+def redis_conf(path: Path, password: str, edges: list, by: str) -> None:
+    """The edge role's redis.conf (the usage store) for the edge hosts `edges`, on port 6379."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)))
-    (out / "redis.conf").write_text(env.get_template("redis.conf.j2").render(
-        ansible_managed="make bench-models", groups={"edge": ["edge"]}, edge_quota_store_port=6379,
-        edge_quota_store_password=STORE_PASSWORD))  # fmt: skip
+    path.write_text(env.get_template("redis.conf.j2").render(
+        ansible_managed=by, groups={"edge": edges}, edge_quota_store_port=6379,
+        edge_quota_store_password=password))  # fmt: skip
 
 
 def main() -> int:

@@ -22,11 +22,10 @@ import subprocess
 import sys
 import textwrap
 
-import jinja2
 from conftest import HARNESS, ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
-from models_bench import render
+from models_bench import redis_conf, render
 
 SMALL = "quota-test-small-0123456789abcdef0123456"
 ALL = "quota-test-all-0123456789abcdef012345678"
@@ -71,10 +70,7 @@ def test_quotas_shared_by_two_edges(tmp_path):
     render(tmp_path, keys=KEYS, quota=quota, backends_conf=None)
     render(tmp_path / "e2", keys=KEYS, quota=quota, backends_conf=None, listen=8081, conf_dir="/tmp/e2/conf",
            router="cache_aware")  # fmt: skip
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "roles" / "edge" / "templates")))
-    (tmp_path / "redis.conf").write_text(env.get_template("redis.conf.j2").render(
-        ansible_managed="test_edge_quota", groups={"edge": ["edge", "edge2"]}, edge_quota_store_port=6379,
-        edge_quota_store_password=PASSWORD))  # fmt: skip
+    redis_conf(tmp_path / "redis.conf", PASSWORD, edges=["edge", "edge2"], by="test_edge_quota")
     for name in ("usage_responder.py", "quota_cases.py"):
         (tmp_path / name).write_text((FILES / name).read_text())
     (tmp_path / "run.sh").write_text(textwrap.dedent(SCRIPT))
