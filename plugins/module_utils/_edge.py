@@ -15,9 +15,7 @@ import re
 
 from ansible_collections.gpufleet.serving.plugins.module_utils._proxy import (
     ENDPOINTS,
-    KEY_CHARS,
-    KEY_NAME,
-    MIN_KEY_LENGTH,
+    check_key,
 )
 from ansible_collections.gpufleet.serving.plugins.module_utils._published import published, tls_names_errors
 
@@ -322,36 +320,11 @@ def _plan_keys(keys, models, errors):
         return out
     names, values = set(), set()
     for n, k in enumerate(keys):
-        where = "edge_api_keys[%d]" % n
-        if not isinstance(k, dict):
-            errors.append("%s must be {name, key, models: [MODEL, ...]}." % where)
+        checked = check_key("edge_api_keys", n, k, names, values, errors)
+        if checked is None:
             continue
+        label, scope = checked
         name = k.get("name")
-        if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
-            errors.append(
-                "%s.name=%r: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."
-                % (where, name)
-            )
-        elif name in names:
-            errors.append("%s.name=%s is used twice: give each key its own name." % (where, name))
-        names.add(name)
-        key = k.get("key")
-        label = "%s (%s)" % (where, name)
-        if not isinstance(key, str) or len(key) < MIN_KEY_LENGTH or not KEY_CHARS.fullmatch(key):
-            errors.append(
-                "%s.key must be at least %d characters of A-Z a-z 0-9 . _ ~ + / = - (the value is not shown)."
-                % (label, MIN_KEY_LENGTH)
-            )
-        elif key in values:
-            errors.append("%s.key is the key of another entry: give each entry its own key." % label)
-        else:
-            values.add(key)
-        scope = k.get("models", [])
-        if scope is None:
-            scope = []
-        if not isinstance(scope, list) or not all(isinstance(m, str) and m for m in scope):
-            errors.append("%s.models=%r must be a list of served model names ([] for every model)." % (label, scope))
-            scope = []
         unknown = [m for m in scope if m not in models]
         if unknown and models:
             errors.append(

@@ -32,6 +32,62 @@ DURATION = re.compile(r"^\d+(ms|s|m|h)?$")
 TRUSTED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]*(/\d{1,3})?$")
 
 
+# the fields of a client key: the proxies check name and key (and the scope, which they enforce
+# too); the edge also reads the token quotas
+KEY_FIELDS = ("name", "key", "models", "tokens_per_minute", "tokens_per_day")
+
+
+def check_key(var, index, entry, names, values, errors):
+    """One client key of VAR (proxy_api_keys or edge_api_keys) at INDEX: its fields, its name
+    (KEY_NAME, once in NAMES) and its value (MIN_KEY_LENGTH of KEY_CHARS, once in VALUES; never
+    shown in an error), and its models. Appends to ERRORS; returns None for an entry that is not
+    a mapping of KEY_FIELDS, else (label, models) with models [] (every model) where absent or
+    wrong."""
+    where = "%s[%d]" % (var, index)
+    if not isinstance(entry, dict) or set(entry) - set(KEY_FIELDS):
+        extra = sorted(map(str, set(entry) - set(KEY_FIELDS))) if isinstance(entry, dict) else []
+        errors.append(
+            "%s must be a mapping of name, key and optionally models, tokens_per_minute and tokens_per_day%s."
+            % (where, " (it also has %s: check the spelling)" % ", ".join(extra) if extra else "")
+        )
+        return None
+    name, key = entry.get("name"), entry.get("key")
+    if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
+        errors.append(
+            "%s.name=%r must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit." % (where, name)
+        )
+    elif name in names:
+        errors.append(
+            "%s.name=%r is used twice: give each key its own name (names identify keys in logs, limits and usage)."
+            % (where, name)
+        )
+    else:
+        names.add(name)
+    label = "%s (%s)" % (where, name)
+    if not isinstance(key, str) or len(key) < MIN_KEY_LENGTH:
+        got = "missing" if key in (None, "") else "%d characters" % len(key) if isinstance(key, str) else "not a string"
+        errors.append(
+            "%s.key is %s (the value is not shown); client keys need at least %d characters of "
+            "A-Z a-z 0-9 . _ ~ + / = - (e.g. `openssl rand -hex 24`)." % (label, got, MIN_KEY_LENGTH)
+        )
+    elif not KEY_CHARS.fullmatch(key):
+        errors.append(
+            "%s.key has characters outside A-Z a-z 0-9 . _ ~ + / = - (nginx matches it literally; the value is not "
+            "shown)." % label
+        )
+    elif key in values:
+        errors.append("%s.key is the same as another entry's key: give each entry its own key." % label)
+    else:
+        values.add(key)
+    models = entry.get("models")
+    if models is None:
+        models = []
+    if not (isinstance(models, list) and all(isinstance(m, str) and m for m in models)):
+        errors.append("%s.models=%r must be a list of served model names ([] for every model)." % (label, models))
+        models = []
+    return label, models
+
+
 def plan_proxy(params, engines, published=None):
     """params: the proxy_* variables (without the prefix); engines: gpufleet_engines, read for
     the engine key only (keys are never published); published: the engine role's record
@@ -113,36 +169,7 @@ def plan_proxy(params, engines, published=None):
     names = set()
     values = set()
     for i, entry in enumerate(keys):
-        where = "proxy_api_keys[%d]" % i
-        if not isinstance(entry, dict) or set(entry) - {"name", "key", "models", "tokens_per_minute", "tokens_per_day"}:
-            errors.append(
-                "%s must be a mapping with name, key and (for the edge) models, tokens_per_minute and "
-                "tokens_per_day only." % where
-            )
-            continue
-        name, key = entry.get("name"), entry.get("key")
-        if not isinstance(name, str) or not KEY_NAME.fullmatch(name):
-            errors.append("%s.name=%r must be 1-64 letters, digits, '.', '_' or '-'." % (where, name))
-        elif name in names:
-            errors.append("%s.name=%r is used twice; names identify keys in logs and limits." % (where, name))
-        names.add(name)
-        if not isinstance(key, str) or len(key) < MIN_KEY_LENGTH:
-            errors.append(
-                "%s (%s).key is %s; client keys need at least %d characters (e.g. `openssl rand -hex 24`)."
-                % (where, name, "missing" if not key else "%d characters" % len(key), MIN_KEY_LENGTH)
-            )
-        elif not KEY_CHARS.fullmatch(key):
-            errors.append(
-                "%s (%s).key has characters outside A-Z a-z 0-9 . _ ~ + / = - (nginx matches it literally)."
-                % (where, name)
-            )
-        elif key in values:
-            errors.append("%s (%s).key is the same as another entry's key." % (where, name))
-        values.add(key)
-        scope = entry.get("models", [])
-        if scope is not None and not (isinstance(scope, list) and all(isinstance(m, str) and m for m in scope)):
-            errors.append("%s (%s).models=%r must be a list of served model names ([] for every model)." % (
-                where, name, scope))  # fmt: skip
+        check_key("proxy_api_keys", i, entry, names, values, errors)
     if not keys:
         errors.append("proxy_api_keys is empty: every client would get 401. Add at least one {name, key}.")
     elif len(models) == 1 and not [

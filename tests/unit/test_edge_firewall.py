@@ -492,11 +492,16 @@ KEY = "k" * 32
     [
         ([{"name": "team", "key": KEY, "models": ["nope"]}], ["edge_api_keys[0] (team).models lists nope, which no "
                                                              "backend of the edge serves (m, other)"]),
-        ([{"name": "team", "key": "short"}], ["edge_api_keys[0] (team).key must be at least 32 characters"]),
-        ([{"name": "a", "key": KEY}, {"name": "a", "key": KEY + "x"}], ["edge_api_keys[1].name=a is used twice"]),
-        ([{"name": "a", "key": KEY}, {"name": "b", "key": KEY}], ["edge_api_keys[1] (b).key is the key of another"]),
+        ([{"name": "team", "key": "short"}], ["edge_api_keys[0] (team).key is 5 characters",
+                                                         "client keys need at least 32"]),
+        ([{"name": "a", "key": KEY}, {"name": "a", "key": KEY + "x"}], ["edge_api_keys[1].name='a' is used twice"]),
+        ([{"name": "a", "key": KEY}, {"name": "b", "key": KEY}], ["edge_api_keys[1] (b).key is the same as another"]),
         ([{"name": "bad name", "key": KEY}], ["edge_api_keys[0].name='bad name'"]),
         ([{"name": "a", "key": KEY, "models": "m"}], ["edge_api_keys[0] (a).models='m' must be a list"]),
+        ([{"name": "a", "key": KEY, "token_per_minute": 5}], ["edge_api_keys[0] must be a mapping of name, key",
+                                                              "(it also has token_per_minute: check the spelling)"]),
+        ([{"name": "a", "key": 123456789}], ["edge_api_keys[0] (a).key is not a string"]),
+        (["a"], ["edge_api_keys[0] must be a mapping of name, key"]),
         ({"name": "a"}, ["edge_api_keys must be a list"]),
     ],
 )  # fmt: skip

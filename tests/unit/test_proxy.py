@@ -59,6 +59,9 @@ def test_replicas_balance_with_one_engine_key():
         ({"api_keys": []}, ENGINES, ["proxy_api_keys is empty"]),
         ({"api_keys": [{"name": "t", "key": KEY_A}, {"name": "t", "key": "b" * 32}]}, ENGINES, ["used twice"]),
         ({"api_keys": [{"name": "t", "key": "has space" + "x" * 30}]}, ENGINES, ["characters outside"]),
+        # a key that YAML read as a number: named, not a crash
+        ({"api_keys": [{"name": "t", "key": 123456789}]}, ENGINES, ["proxy_api_keys[0] (t).key is not a string"]),
+        ({"api_keys": [{"name": "t", "key": KEY_A, "modles": ["m"]}]}, ENGINES, ["it also has modles"]),
         ({"endpoints": ["/v1/models", "/metrics"]}, ENGINES, ["'/metrics' is not an inference path clients may reach"]),
         # vLLM serves LoRA loading under /v1: a control path, never an endpoint
         ({"endpoints": ["/v1/load_lora_adapter"]}, ENGINES, ["'/v1/load_lora_adapter' is not an inference path"]),
@@ -92,7 +95,7 @@ def test_bad_settings_are_named(over, engines, words):
     for word in words:
         assert word in text
     for entry in params(**over)["api_keys"]:
-        assert entry["key"] not in text  # a key is never echoed
+        assert str(entry["key"]) not in text  # a key is never echoed
 
 
 def test_plain_http_is_an_explicit_opt_out_with_a_warning():
