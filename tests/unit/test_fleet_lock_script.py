@@ -26,7 +26,8 @@ def test_taken_with_its_owner_and_released(tmp_path):
     assert lock("acquire", str(file), "run-b", "0") == (3, "held by: run-a")
     assert lock("release", str(file), "run-b") == (0, "not held") and file.exists()
     assert lock("release", str(file), "run-a") == (0, "released") and not file.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no scratch file left
+    # no scratch file left: only the guard that check-then-act steps lock (never removed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.lock.guard"]
 
 
 def test_an_empty_lock_file_stops_at_the_deadline_and_is_not_taken_over(tmp_path):
@@ -52,3 +53,22 @@ def test_two_runs_at_once_get_it_once(tmp_path):
         winner = "run-a" if results[0][0] == 0 else "run-b"
         assert file.read_text() == winner + "\n"
         assert lock("release", str(file), winner) == (0, "released")
+
+
+def test_two_runs_taking_over_one_stale_lock_get_it_once(tmp_path):
+    """Issue 47: the takeover was check-then-move, and both runs said "acquired" in 54 of 300
+    rounds. Each round: a lock left by a dead run, two runs taking it over at once."""
+    file = tmp_path / "fleet.lock"
+    dead = "controller=ci pid=1 start=1 user=ops playbook=site.yml"
+    both = []
+    for round_ in range(300):
+        file.write_text(dead + "\n")
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda who: lock("acquire", str(file), who, "0", dead), ["run-a", "run-b"]))
+        won = [who for who, (rc, _) in zip(["run-a", "run-b"], results, strict=True) if rc == 0]
+        # exactly one says acquired, the lock names it, the other is told who holds it
+        if len(won) != 1 or file.read_text() != won[0] + "\n" or (3, "held by: " + won[0]) not in results:
+            both.append((round_, results, file.read_text()))
+    assert both == [], "%d of 300 rounds did not end with exactly one holder: %s" % (len(both), both[:3])
+    # the guard is the only file left beside the lock (no scratch copies)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fleet.lock", "fleet.lock.guard"]
