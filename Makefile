@@ -6,7 +6,7 @@
 #                  `over budget` past 40 minutes (docs/testing.md lists which test proves each promise)
 #   make test-full everything: every Python, every labtest, every scenario and every lab phase
 #                  (over 40 minutes; run it before resolving a change to a lab-tested path)
-#   make fast      the fast tier (unit + lint), a couple of minutes
+#   make fast      the fast tier (unit + lint, the edge's Lua specs and luacheck among them), a couple of minutes
 #   make pythons   unit tests and ansible-test sanity on the other supported ansible-core lines, each on
 #                  its Python (PYTHONS="3.11:2.19 3.12:2.20"; in make test-full; the main venv is 3.13:2.21)
 #   make unit | lint | labtests | molecule | lab | setup | clean-lab
@@ -100,6 +100,7 @@ lab:
 
 # On every core (pytest-xdist); the tests share no files or ports.
 unit: $(STAMP)
+	tests/lua/run.sh test
 	$(BIN)/pytest -q -n auto
 
 # The unit tests and ansible-test sanity on each other supported ansible-core line, on its Python
@@ -114,6 +115,7 @@ labtests: $(STAMP) lab
 	$(BIN)/pytest -q --durations=0 $(if $(filter test,$(GPUFLEET_TEST_TIER)),-m 'not full') tests/labtests
 
 lint: $(STAMP)
+	tests/lua/run.sh lint
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tests/lint/check_argument_specs.py

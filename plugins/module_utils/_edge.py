@@ -234,6 +234,7 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         router["igw"] = len(models) > 1
     keys = _plan_keys(params.get("api_keys"), [m["name"] for m in models], errors)
     quota = _plan_quota(params, keys, errors)
+    limits = _plan_limits(params, errors)
     return {
         "errors": errors,
         "warnings": warnings,
@@ -258,6 +259,8 @@ def plan_edge(params, hosts, batch=None, held=None) -> dict:
         # the inference paths a request may take (the proxies' allow-list, every path any proxy may
         # enable): anything else is answered 404 by the edge, before a body is read
         "paths": list(ENDPOINTS),
+        # each path's body cap in bytes ("default": the others'), answered 413 by the edge
+        "limits": limits,
     }
 
 
@@ -350,6 +353,60 @@ def _plan_keys(keys, models, errors):
 STORE_PASSWORD = re.compile(r"^[A-Za-z0-9._~+/=-]{16,128}$")
 
 
+# The body caps the edge answers 413 past, per path (edge_body_limits is merged over these):
+# JSON paths 32 MiB (a long prompt, or images as base64), audio 25 MiB (OpenAI's own limit on an
+# audio file). nginx refuses anything past edge_client_max_body_size before the edge reads it.
+BODY_LIMITS = {"default": "32m", "/v1/audio/transcriptions": "25m", "/v1/audio/translations": "25m"}
+SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def size_bytes(value):
+    """An nginx size (64m, 512k, 1048576) in bytes, or None when it is not one."""
+    m = re.fullmatch(r"(\d+)([kmgKMG]?)", str(value)) if isinstance(value, (str, int)) else None
+    if not m or isinstance(value, bool):
+        return None
+    return int(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
+
+
+def _plan_limits(params, errors):
+    """Each inference path's body cap in bytes ({"default": N, PATH: N}): BODY_LIMITS with
+    edge_body_limits over it, none past edge_client_max_body_size (nginx's own cap)."""
+    cap_value = params.get("client_max_body_size", "64m")
+    cap = size_bytes(cap_value)
+    if cap is None or cap == 0:
+        errors.append(
+            "edge_client_max_body_size=%r must be an nginx size like 64m (the largest body any path takes)."
+            % (cap_value,)
+        )
+    given = params.get("body_limits") or {}
+    if not isinstance(given, dict):
+        errors.append(
+            "edge_body_limits=%r must be a mapping of an inference path (or default) to a size, e.g. "
+            "{default: 32m, /v1/audio/transcriptions: 25m}." % (given,)
+        )
+        given = {}
+    limits = {}
+    for path, value in {**BODY_LIMITS, **given}.items():
+        if path != "default" and path not in ENDPOINTS:
+            errors.append(
+                "edge_body_limits has %r: use default or one of the inference paths (%s)." % (path, ", ".join(ENDPOINTS))
+            )
+            continue
+        n = size_bytes(value)
+        if n is None or n == 0:
+            errors.append("edge_body_limits[%s]=%r must be an nginx size like 32m." % (path, value))
+            continue
+        if cap and n > cap:
+            if path in given:
+                errors.append(
+                    "edge_body_limits[%s]=%s is over edge_client_max_body_size=%s, which nginx refuses first: raise "
+                    "edge_client_max_body_size or lower the limit." % (path, value, cap_value)
+                )
+            n = cap
+        limits[path] = n
+    return limits
+
+
 def _plan_quota(params, keys, errors):
     """The usage store (Redis on edge_quota_store_host, one of the edge hosts) that every edge
     counts the keys' tokens in and checks their quotas against: None when no store is set. The
@@ -391,12 +448,30 @@ def _plan_quota(params, keys, errors):
             "edge_quota_fail_open=%r must be true (the store unreachable: requests pass, unchecked) or false "
             "(they get 503)." % (fail_open,)
         )
+    audio = params.get("quota_audio_tokens_per_second", 10)
+    if isinstance(audio, bool) or not isinstance(audio, (int, float)) or not 0 < audio <= 10000:
+        errors.append(
+            "edge_quota_audio_tokens_per_second=%r must be a number above 0 (the tokens an audio answer's second "
+            "counts as; 10 is OpenAI's rate for audio input, one token per 100 ms)." % (audio,)
+        )
+    reserve = params.get("quota_reserve_tokens", 1024)
+    if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+        errors.append(
+            "edge_quota_reserve_tokens=%r must be a whole number of tokens (0 or more): what a request that names no "
+            "max_tokens reserves of its key's quota until it ends." % (reserve,)
+        )
+    edges = params.get("edge_hosts") or []
     return {
         "store_host": str(host),
         "address": str(params.get("quota_store_address") or host),
         "port": port,
         "fail_open": fail_open is not False,
         "limited": limited,
+        # several edges reach the store over the network: TLS with the fleet CA's certificates
+        # (the store's by its inventory name, each edge's client certificate); one edge: loopback
+        "tls": len(edges) > 1,
+        "audio_tokens_per_second": audio,
+        "reserve_tokens": reserve,
     }
 
 

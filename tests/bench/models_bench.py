@@ -137,14 +137,18 @@ http {
 """
 
 
-def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080, conf_dir=CONF, router="") -> None:
+def render(
+    out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080, conf_dir=CONF, router="", edges=("edge",),
+    body_limits=None,
+) -> None:
     """The edge role's templates for two models (tiny-llama on a and b, tiny-mha on c), TLS off,
     the proxies at the responders, with edge keys (default: one key scoped to tiny-mha); then the
     baseline site without the Lua step. Writes the nginx configurations, client.py and run.sh.
     quota: {port, password, fail_open} for a usage store on loopback (edge_quota_store_host);
     backends_conf: the responders' nginx configuration (None: none written); listen: the edge's port;
     conf_dir: where the files are read from when nginx runs; router: edge_router_policy (the router
-    on loopback 8090, its way to the proxies on 8091; not started here)."""
+    on loopback 8090, its way to the proxies on 8091; not started here); edges: the edge group (more
+    than one: the store over TLS, with the client certificate and CA files in conf_dir)."""
 
     def engines(name, model):
         return [{"name": name, "served_model_name": model, "port": 8001}]
@@ -162,8 +166,10 @@ def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080
     params = {"backend_group": "gpu_hosts", "drained": [], "listen_port": listen, "listen_address": "127.0.0.1",
               "tls": False, "tls_port": 8443, "router_policy": router, "router_port": 8090,
               "router_backend_port": 8091, "router_metrics_port": 9097, "api_keys": keys}  # fmt: skip
+    if body_limits:
+        params["body_limits"] = body_limits
     if quota:
-        params.update(quota_store_host="edge", edge_hosts=["edge"], quota_store_address="127.0.0.1",
+        params.update(quota_store_host="edge", edge_hosts=list(edges), quota_store_address="127.0.0.1",
                       quota_store_port=quota["port"], quota_store_password=quota["password"],
                       quota_fail_open=quota.get("fail_open", True))  # fmt: skip
     plan = plan_edge(params, backends(list(hv), hv))
@@ -179,6 +185,7 @@ def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080
         "edge_max_fails": 1, "edge_fail_timeout": "10s", "__edge_scheme": "http", "edge_api_keys": keys,
         "ansible_managed": "make bench-models", "edge_listen_port": listen,
         "edge_quota_store_password": (quota or {}).get("password", ""),
+        "_edge_store_ca_file": conf_dir + "/store-client-ca.crt",
     }  # fmt: skip
     conf = out / "conf"
     (conf / "lua").mkdir(parents=True)
@@ -189,8 +196,8 @@ def render(out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080
     for src, dst in files:
         (conf / dst).write_text(env.get_template(src).render(ctx))
     (conf / "upstream.conf").write_text('proxy_http_version 1.1;\nproxy_set_header Connection "";\n')
-    for lua in ("gpufleet_edge.lua", "gpufleet_quota.lua"):
-        (conf / "lua" / lua).write_text((ROOT / "roles/edge/files" / lua).read_text())
+    for lua in sorted((ROOT / "roles" / "edge" / "files" / "lua").glob("*.lua")):
+        (conf / "lua" / lua.name).write_text(lua.read_text())
     site = env.get_template("edge.conf.j2").render(ctx)
     site = site.replace("/etc/nginx/gpufleet-edge/upstream.conf", conf_dir + "/upstream.conf")
     site = site.replace("/var/log/nginx/gpufleet-edge-access.log", "/tmp/models-access.log")
@@ -228,12 +235,13 @@ def quota_site(out: Path) -> None:
     redis_conf(out / "redis.conf", STORE_PASSWORD, edges=["edge"], by="make bench-models")
 
 
-def redis_conf(path: Path, password: str, edges: list, by: str) -> None:
-    """The edge role's redis.conf (the usage store) for the edge hosts `edges`, on port 6379."""
+def redis_conf(path: Path, password: str, edges: list, by: str, tls_dir: str = "/etc/redis/tls") -> None:
+    """The edge role's redis.conf (the usage store) for the edge hosts `edges`, on port 6379 (more
+    than one edge: TLS only, its files in tls_dir)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)))
     path.write_text(env.get_template("redis.conf.j2").render(
         ansible_managed=by, groups={"edge": edges}, edge_quota_store_port=6379,
-        edge_quota_store_password=password))  # fmt: skip
+        edge_quota_store_password=password, _edge_store_tls_dir=tls_dir))  # fmt: skip
 
 
 def main() -> int:

@@ -535,7 +535,8 @@ def test_edge_keys_carry_their_token_limits():
         {"name": "all", "models": [], "tokens_per_minute": 0, "tokens_per_day": 0},
     ]
     assert plan["quota"] == {"store_host": "edge1", "address": "127.0.0.1", "port": 6379, "fail_open": True,
-                             "limited": ["team"]}  # fmt: skip
+                             "limited": ["team"], "tls": False, "audio_tokens_per_second": 10,
+                             "reserve_tokens": 1024}  # fmt: skip
     assert "p" * 16 not in str(plan) and KEY not in str(plan)
     # no store: nothing counted
     assert plan_edge(dict(EDGE, api_keys=[{"name": "a", "key": KEY}]), two_models())["quota"] is None
@@ -585,3 +586,60 @@ def test_the_usage_store_opens_to_the_edge_hosts_only():
     assert 6379 not in firewall(("edge",), dict(store, inventory_hostname="edge2"), edge_sources=["10.0.0.5"])["ports"]
     assert 6400 in firewall(("edge",), dict(store, edge_quota_store_port=6400), edge_sources=["10.0.0.5"])["ports"]
     assert "firewall_edge_sources" in " ".join(firewall(("edge",), store, edge_sources=["edge-a"])["errors"])
+
+
+QUOTA = dict(quota_store_host="edge1", edge_hosts=["edge1"], quota_store_port=6379, quota_store_password="p" * 16,
+             quota_fail_open=True, quota_store_address="127.0.0.1",
+             api_keys=[{"name": "team", "key": KEY, "tokens_per_day": 100}])  # fmt: skip
+
+
+def test_several_edges_reach_the_store_over_tls():
+    """Issue 47: with more than one edge the store crosses the network, so it is on the fleet's TLS."""
+    one = plan_edge(dict(EDGE, **QUOTA), two_models())
+    two = plan_edge(dict(EDGE, **dict(QUOTA, edge_hosts=["edge1", "edge2"])), two_models())
+    assert one["errors"] == two["errors"] == []
+    assert one["quota"]["tls"] is False and two["quota"]["tls"] is True
+
+
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"quota_reserve_tokens": -1}, ["edge_quota_reserve_tokens=-1", "whole number"]),
+        ({"quota_reserve_tokens": "lots"}, ["edge_quota_reserve_tokens='lots'"]),
+        ({"quota_audio_tokens_per_second": 0}, ["edge_quota_audio_tokens_per_second=0", "above 0"]),
+        ({"quota_audio_tokens_per_second": True}, ["edge_quota_audio_tokens_per_second=True"]),
+    ],
+)  # fmt: skip
+def test_bad_quota_settings_are_named(over, words):
+    plan = plan_edge(dict(EDGE, **dict(QUOTA, **over)), two_models())
+    text = " ".join(plan["errors"])
+    for word in words:
+        assert word in text, text
+    assert "p" * 16 not in text
+
+
+def test_body_limits_per_path_under_nginx_cap():
+    plan = plan_edge(dict(EDGE, client_max_body_size="64m", body_limits={"/v1/embeddings": "1m"}), two_models())
+    assert plan["errors"] == []
+    assert plan["limits"] == {"default": 32 * 2**20, "/v1/audio/transcriptions": 25 * 2**20,
+                              "/v1/audio/translations": 25 * 2**20, "/v1/embeddings": 2**20}  # fmt: skip
+    # nginx's cap lower than a built-in one: the built-in is cut to it, no error (the user set only the cap)
+    small = plan_edge(dict(EDGE, client_max_body_size="8m"), two_models())
+    assert small["errors"] == [] and set(small["limits"].values()) == {8 * 2**20}
+
+
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"body_limits": {"/v1/chat": "1m"}}, ["edge_body_limits has '/v1/chat'", "/v1/chat/completions"]),
+        ({"body_limits": {"default": "lots"}}, ["edge_body_limits[default]='lots'", "like 32m"]),
+        ({"body_limits": {"default": "128m"}}, ["edge_body_limits[default]=128m is over edge_client_max_body_size"]),
+        ({"body_limits": ["1m"]}, ["edge_body_limits=['1m'] must be a mapping"]),
+        ({"client_max_body_size": "big"}, ["edge_client_max_body_size='big'"]),
+    ],
+)  # fmt: skip
+def test_bad_body_limits_are_named(over, words):
+    plan = plan_edge(dict(EDGE, **dict({"client_max_body_size": "64m"}, **over)), two_models())
+    text = " ".join(plan["errors"])
+    for word in words:
+        assert word in text, text

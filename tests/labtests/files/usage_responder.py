@@ -6,6 +6,16 @@ chunk (`choices: []`), then `data: [DONE]`. /v1/messages answers in Anthropic's 
 input_tokens and output_tokens; a stream's in its message_start and message_delta events). A
 request with "pause" waits that many seconds between its stream's chunks. Each request it got is
 appended to /tmp/seen.jsonl: its port, its Authorization header, its path and its body.
+The shapes issue 47 found uncounted, in vLLM 0.32's field order, sized by the request:
+- /v1/rerank: `usage` (total_tokens = 10 per document) before the results, which echo each
+  document (a request's "documents" of any size);
+- chat with "prompt_logprobs": N: N prompt logprob entries after `usage` (N * ~60 bytes);
+- a completions stream with "echo": its first event carries the prompt's logprobs, padded to the
+  request's "first_event_bytes";
+- /v1/embeddings: one vector per input, usage prompt_tokens = total_tokens = 10 per input;
+- /v1/audio/transcriptions (a multipart form): response_format json answers {"text", "usage":
+  {"type": "duration", "seconds": 12.5}}, text answers the text alone (no usage at all).
+Forms are recorded with their fields (the file part's size only).
 
     python3 usage_responder.py PORT [PORT ...]
 """
@@ -26,9 +36,18 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def answer(self, value, ctype="application/json"):
+        out = value if isinstance(value, bytes) else json.dumps(value, separators=(",", ":")).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        doc = json.loads(body)
+        ctype = self.headers.get("Content-Type") or ""
+        doc = form(body, ctype) if ctype.startswith("multipart/form-data") else json.loads(body)
         port = self.server.server_address[1]
         with LOCK, open("/tmp/seen.jsonl", "a") as f:
             f.write(json.dumps({"port": port, "auth": self.headers.get("Authorization"), "path": self.path,
@@ -37,6 +56,29 @@ class Handler(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": PROMPT, "total_tokens": PROMPT + n, "completion_tokens": n}
         head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": doc.get("model")}
         messages = self.path == "/v1/messages"
+        if self.path == "/v1/rerank":
+            docs = doc.get("documents") or []
+            results = [{"index": i, "document": {"text": d}, "relevance_score": 0.5} for i, d in enumerate(docs)]
+            return self.answer({"id": "rerank-1", "model": doc.get("model"),
+                                "usage": {"total_tokens": PROMPT * len(docs)}, "results": results})  # fmt: skip
+        if self.path == "/v1/embeddings":
+            inputs = doc.get("input") if isinstance(doc.get("input"), list) else [doc.get("input")]
+            data = [{"index": i, "object": "embedding", "embedding": [0.125] * 64} for i in range(len(inputs))]
+            tokens = PROMPT * len(inputs)
+            return self.answer({"id": "embd-1", "object": "list", "created": 1, "model": doc.get("model"), "data": data,
+                                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                                          "prompt_tokens_details": None}})  # fmt: skip
+        if self.path == "/v1/audio/transcriptions":
+            text = "one two three four five six seven eight nine ten"
+            if doc.get("response_format") == "text":
+                return self.answer(text.encode(), "text/plain; charset=utf-8")
+            return self.answer({"text": text, "usage": {"type": "duration", "seconds": 12.5}})
+        if not doc.get("stream") and doc.get("prompt_logprobs"):
+            entries = [None] + [{str(i): {"logprob": -1.5, "rank": 1, "decoded_token": "tok"}}
+                                for i in range(int(doc["prompt_logprobs"]))]  # fmt: skip
+            return self.answer({**head, "object": "chat.completion", "served_by": port,
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": "t" * n}}],
+                                "usage": usage, "prompt_logprobs": entries})  # fmt: skip
         if not doc.get("stream"):
             if messages:
                 answer = {"id": "msg_1", "type": "message", "role": "assistant", "served_by": port,
@@ -78,6 +120,13 @@ class Handler(BaseHTTPRequestHandler):
             send('event: message_stop\ndata: {"type":"message_stop"}\n\n')
             self.wfile.write(b"0\r\n\r\n")
             return
+        if doc.get("echo"):
+            # (vLLM: the prompt and all its logprobs in the first event)
+            pad = int(doc.get("first_event_bytes") or 0)
+            first = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": doc.get("model"),
+                     "choices": [{"index": 0, "text": doc.get("prompt"),
+                                  "logprobs": {"tokens": ["p"] * (pad // 4)}, "finish_reason": None}]}  # fmt: skip
+            send("data: %s\n\n" % compact(first))
         for i in range(n):
             chunk = {**head, "choices": [{"index": 0, "delta": {"content": "t"}, "logprobs": None,
                                           "finish_reason": "length" if i == n - 1 else None}]}  # fmt: skip
@@ -90,6 +139,20 @@ class Handler(BaseHTTPRequestHandler):
             send("data: %s\n\n" % json.dumps({**head, "choices": [], "usage": usage}, separators=(",", ":")))
         send("data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
+
+
+def form(body, ctype):
+    """A multipart form's fields (a file part: its size), enough for the stand-in's answers."""
+    boundary = ctype.split("boundary=", 1)[1].strip('"').encode()
+    fields = {}
+    for part in body.split(b"--" + boundary)[1:]:
+        if part.startswith(b"--"):
+            break
+        head, _, value = part.partition(b"\r\n\r\n")
+        name = head.split(b'name="', 1)[1].split(b'"', 1)[0].decode()
+        value = value[:-2] if value.endswith(b"\r\n") else value
+        fields[name] = len(value) if b"filename=" in head else value.decode()
+    return fields
 
 
 if __name__ == "__main__":

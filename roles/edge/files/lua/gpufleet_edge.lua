@@ -17,10 +17,11 @@
 --                      caller whose key a proxy accepts: /_gpufleet/key-check).
 local cjson = require "cjson.safe"
 local quota = require "gpufleet_quota"
+local request = require "gpufleet_request"
 
 local _M = {}
 
-local models, by_name, keys, paths = {}, {}, {}, {}
+local models, by_name, keys, paths, limits = {}, {}, {}, {}, {}
 local default_model = nil
 local check_keys = false
 
@@ -40,9 +41,12 @@ function _M.load(models_path, keys_path)
   if type(conf) ~= "table" or type(conf.models) ~= "table" then
     error("gpufleet edge: " .. models_path .. " is not the edge's model list: " .. tostring(err or "no models"))
   end
-  models, by_name, keys, paths = conf.models, {}, {}, {}
+  models, by_name, keys, paths, limits = conf.models, {}, {}, {}, {}
   for _, path in ipairs(conf.paths or {}) do
     paths[path] = true
+  end
+  for path, bytes in pairs(type(conf.limits) == "table" and conf.limits or {}) do
+    limits[path] = tonumber(bytes)
   end
   for _, m in ipairs(models) do
     by_name[m.name] = m
@@ -115,58 +119,47 @@ local function unknown(name)
     "invalid_request_error", "model_not_found", "model")
 end
 
--- Where the value of the next raw `"model":` starts, from init; nil if there is none. A plain
--- search (memchr speed: a pattern search would try every position of a long prompt).
-local function model_key(body, init)
-  while true do
-    local _, last = body:find('"model"', init, true)
-    if not last then
-      return nil
-    end
-    local value = body:match("^%s*:%s*()", last + 1)
-    if value then
-      return value
-    end
-    init = last + 1
-  end
-end
-
 -- The body's `model`: JSON (chat, completions, embeddings, responses, ...) or a multipart form
--- field (audio). Returns the name, or nil and whether the body was not JSON.
+-- field (audio). Returns the name (nil: none), whether the body was not JSON, the decoded body
+-- (when it was decoded), whether it is a form; or fails the request (a form with two models).
 local function model_of(body, exact)
   if not body or body == "" then
     return nil, false
   end
-  local ctype = (ngx.var.content_type or ""):lower()
-  if ctype:find("multipart/form-data", 1, true) then
-    -- the form field's own header line (a file part carries a filename): the first such part
-    local field = '[Cc]ontent%-[Dd]isposition:[ \t]*form%-data;[ \t]*name="model"\r\n\r\n([^\r\n]*)'
-    return body:match("\r\n" .. field) or body:match("^" .. field), false, nil, true
-  end
-  -- Fast path (direct to the proxies only): one raw `"model":` in the body, with a plain string
-  -- value, and no \u escape anywhere. Inside a JSON string a quote is always escaped, so that
-  -- text is a key, and without \u no other key can spell "model"; when it is the only one, the
-  -- hosts it routes to serve one model, which is what their engine serves whatever it reads
-  -- (a body naming another model is refused there). Two or more (a nested "model" key, a
-  -- duplicate), an escaped value or none: the whole body is decoded. The fast path keeps a long
-  -- prompt's cost to a scan.
-  -- (\u: a key may be spelled with escapes, which the scan cannot see: decode.)
-  local value = not exact and not body:find("\\u", 1, true) and model_key(body, 1)
-  if value and not model_key(body, value) then
-    local name = body:match('^"([^"\\]*)"', value)
-    if name then
-      return name, false
+  local ctype = ngx.var.content_type or ""
+  if ctype:lower():find("multipart/form-data", 1, true) then
+    local values = request.form_fields(body, ctype, "model")
+    if values and #values > 1 then
+      -- the edge would route by one and an engine (Starlette's form) read another
+      return fail(400, "The form has " .. #values .. " model fields: send one.", "invalid_request_error", nil, "model")
     end
+    return values and values[1], false, nil, true
+  end
+  -- the scan (direct to the proxies only: the router reads the body itself) keeps a long
+  -- prompt's cost to one plain search; a body it cannot be sure of is decoded
+  local name = not exact and request.scan_model(body)
+  if name then
+    return name, false
   end
   local doc = cjson.decode(body)
   if type(doc) ~= "table" then
     return nil, true
   end
-  local name = doc.model
+  name = doc.model
   if name == nil or name == cjson.null then
     return nil, false, doc
   end
   return tostring(name), false, doc
+end
+
+-- The body cap of a path (models.json's limits, bytes): 413 before the body is read when its
+-- length says so, or after (a chunked body).
+local function too_large(uri, size)
+  local cap = limits[uri] or limits.default
+  if cap and size and size > cap then
+    return fail(413, string.format("The request body is %d bytes, over the %d this endpoint (%s) accepts.", size, cap,
+      uri), "invalid_request_error", "request_too_large")
+  end
 end
 
 function _M.route(via_router)
@@ -180,12 +173,14 @@ function _M.route(via_router)
   local body = nil
   local method = ngx.req.get_method()
   if method ~= "GET" and method ~= "HEAD" then
+    too_large(uri, tonumber(ngx.var.http_content_length))
     ngx.req.read_body()
     body = ngx.req.get_body_data()
     if not body then
       local file = ngx.req.get_body_file()
       body = file and read(file)
     end
+    too_large(uri, body and #body)
     name, bad_json, doc, form = model_of(body, via_router)
   end
   local m
@@ -210,18 +205,15 @@ function _M.route(via_router)
   ngx.var.gpufleet_model = m.name
   if quota.enabled() and who then
     -- the key's token quota (429 before any backend), then its usage counted from the answer
-    quota.check(who, fail)
-    if body and body ~= "" then
-      if not doc and not form and body:find('"stream"', 1, true) then
-        -- the scan read the model: a raw "stream" key (no \u here) may ask for a stream
-        doc = cjson.decode(body)
-        if type(doc) ~= "table" then
-          -- (an engine may still read it, a byte order mark before it, say: its stream would go uncounted)
-          return fail(400, "We could not parse the JSON body of your request.", "invalid_request_error")
-        end
+    if body and body ~= "" and not doc and not form and body:find('"stream"', 1, true) then
+      -- the scan read the model: a raw "stream" key may ask for a stream
+      doc = cjson.decode(body)
+      if type(doc) ~= "table" then
+        -- (an engine may still read it, a byte order mark before it, say: its stream would go uncounted)
+        return fail(400, "We could not parse the JSON body of your request.", "invalid_request_error")
       end
-      quota.prepare(who, m.name, body, doc, fail)
     end
+    quota.admit(who, m.name, body, doc, form, fail)
   end
 end
 
