@@ -19,7 +19,9 @@
 #   make bench-routing three replicas behind the edge's router: round robin vs cache_aware vs consistent_hash
 #                      on a multi-turn workload, and the router's added latency
 #   make bench-models  the edge's routing by model (Lua, per-model upstreams, key scopes) and its token quota
-#                      against the same site without them: added p50 at concurrency 1 and 16, 2 KB and 200 KB
+#                      against the same site without them: added p50 at concurrency 1 and 16, 2 KB and 200 KB;
+#                      then a probe's latency on the edge's worker while 8 MB answers and a 30 MB body pass,
+#                      the tokens counted, and 8 clients on a small limit (BEFORE=REV: also the Lua at REV)
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 #   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
 #   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
@@ -172,6 +174,7 @@ bench-routing: $(STAMP) lab
 # also in .cache/bench-models.txt.
 bench-models: $(STAMP) lab
 	$(BIN)/python tests/bench/models_bench.py
+	$(BIN)/python tests/bench/edge_payloads.py $(if $(BEFORE),--before $(BEFORE))
 
 # site.yml's controller cost on 1, 4 and 8 light lab hosts over SSH (and mitogen, opt-in);
 # prints a table, also in .cache/bench-fleet.txt.

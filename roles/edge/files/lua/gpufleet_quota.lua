@@ -403,7 +403,8 @@ function _M.log()
       n[4] = n[4] + 1
     end
   end
-  if ngx.worker.exiting() then
+  if ctx.reserved > 0 or ngx.worker.exiting() then
+    -- a reservation is settled at once (until then the store holds the reservation, not the use);
     -- a reload: this worker's once-a-second timer has run its last, so this count goes now
     ngx.timer.at(0, flush)
   end
