@@ -389,7 +389,8 @@ def _plan_limits(params, errors):
     for path, value in {**BODY_LIMITS, **given}.items():
         if path != "default" and path not in ENDPOINTS:
             errors.append(
-                "edge_body_limits has %r: use default or one of the inference paths (%s)." % (path, ", ".join(ENDPOINTS))
+                "edge_body_limits has %r: use default or one of the inference paths (%s)."
+                % (path, ", ".join(ENDPOINTS))
             )
             continue
         n = size_bytes(value)

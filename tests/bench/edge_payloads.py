@@ -6,9 +6,9 @@ Real nginx (Debian's, with its Lua module) runs the edge role's own site with a 
 that reads the payload; behind it the labtests' stand-in proxies (tests/labtests/files/
 usage_responder.py) answer in vLLM 0.32's framing with the usage each request decides. For each
 payload, a probe (a small completion on another key and model, whose stand-in runs in a process
-of its own) is sent every 20 ms on the same edge while the payload passes; the table gives the probes' p50 and max against the same probes with nothing
-passing (measured in the same run), the payload's own time, and the tokens the edge counted
-against those the stand-in answered:
+of its own) is sent every 20 ms on the same edge while the payload passes; the table gives the
+probes' p50 and max against the same probes with nothing passing (measured in the same run), the
+payload's own time, and the tokens the edge counted against those the stand-in answered:
 - rerank-8MB: a rerank whose `usage` comes before 8 MB of echoed documents (and an 8 MB request);
 - logprobs-8MB: a chat answer with 8 MB of prompt logprobs after its `usage`;
 - echo-stream-8MB: a completions stream whose first event is 8 MB (echo with logprobs);

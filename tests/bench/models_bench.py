@@ -138,7 +138,14 @@ http {
 
 
 def render(
-    out: Path, keys=None, quota=None, backends_conf=BACKENDS, listen=8080, conf_dir=CONF, router="", edges=("edge",),
+    out: Path,
+    keys=None,
+    quota=None,
+    backends_conf=BACKENDS,
+    listen=8080,
+    conf_dir=CONF,
+    router="",
+    edges=("edge",),
     body_limits=None,
 ) -> None:
     """The edge role's templates for two models (tiny-llama on a and b, tiny-mha on c), TLS off,

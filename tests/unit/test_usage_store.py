@@ -32,7 +32,7 @@ def test_keys_as_the_lua_names_them(k):
     assert usage.minute_key(k["key"], k["minute"]) == k["minute_key"]
     assert usage.day_key(k["key"], k["day"]) == k["day_key"]
     assert usage.usage_key(k["key"], k["model"]) == k["usage_key"]
-    assert usage.INDEX == SHARED["index"]
+    assert SHARED["index"] == usage.INDEX
     assert list(usage.USAGE_FIELDS) == SHARED["usage_fields"]
 
 
