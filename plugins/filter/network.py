@@ -7,21 +7,13 @@ Documented in tls_subject_alt_names.yml and inventory_addresses.yml beside this 
 
 from __future__ import annotations
 
-import ipaddress
-
 from ansible_collections.gpufleet.serving.plugins.module_utils._engine_group import address_of
+from ansible_collections.gpufleet.serving.plugins.module_utils._tls import subject_alt_names
 
 
 def tls_subject_alt_names(names):
-    """['gpu01', '10.0.0.5'] -> ['DNS:gpu01', 'IP:10.0.0.5']"""
-    out = []
-    for name in names or []:
-        try:
-            ipaddress.ip_address(str(name))
-            out.append("IP:%s" % name)
-        except ValueError:
-            out.append("DNS:%s" % name)
-    return out
+    """['gpu01', '10.0.0.5'] -> ['DNS:gpu01', 'IP:10.0.0.5'] (module_utils/_tls.py)"""
+    return subject_alt_names(names)
 
 
 def inventory_addresses(names, hostvars):

@@ -173,6 +173,14 @@ def connection(refresh: bool = False) -> dict[str, str]:
     return {"gpufleet_demo_ssh_dir": str(ssh_dir()), "gpufleet_demo_control_path_dir": str(_control_dir())}
 
 
+def lab_networks() -> list[str]:
+    """The lab network's subnets. Clients reach the demo host by its address there (endpoint()), so
+    site.yml gets them as gpufleet_tls_networks: the fleet CA names a host's own address only inside
+    a declared network."""
+    proc = _docker("network", "inspect", "-f", "{{range .IPAM.Config}}{{.Subnet}} {{end}}", "gpufleet-lab")
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
 def ca_file() -> Path:
     """The fleet CA's certificate, which site.yml copies here (gpufleet_tls_ca_copy): clients trust it."""
     return state_dir() / "ca.crt"
@@ -311,6 +319,8 @@ def _up(phases: Phases, verbose: int, started: float) -> int:
         **connection(),
         # the fleet CA's certificate for this machine's clients (the stream below, curl, bench)
         "gpufleet_tls_ca_copy": str(ca_file()),
+        # the demo host's address on the lab network is a name in its certificate
+        "gpufleet_tls_networks": lab_networks(),
         # the lab's ulimits (tests/lab/lab_vars.yml): the demo host's Docker cannot grant more
         **lab.lab_vars(),
     }
