@@ -17,12 +17,11 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import HARNESS, ROOT
+from conftest import ROOT, remove_host, start_systemd_host
 
 pytestmark = pytest.mark.full
 TEXTFILE = "/var/lib/prometheus/node-exporter/gpufleet-tls.prom"
@@ -43,23 +42,11 @@ def _include(purpose, basename):
 
 @pytest.fixture(scope="module")
 def host():
-    image = subprocess.run([HARNESS, "image", "host"], check=True, capture_output=True, text=True).stdout.strip()
-    name = "lab-fleetca-" + uuid.uuid4().hex[:8]
-    argv = ["docker", "run", "-d", "--name", name, "--hostname", name, "--cap-add", "SYS_ADMIN"]
-    argv += ["--security-opt", "seccomp=unconfined", "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw"]
-    argv += ["--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp", "--stop-signal", "SIGRTMIN+3"]
-    argv += ["--label", "io.gpufleet.lab=host", image, "/lib/systemd/systemd"]
-    subprocess.run(argv, check=True, capture_output=True, text=True)
+    name = start_systemd_host("lab-fleetca-")
     try:
-        state = subprocess.run(
-            ["docker", "exec", name, "sh", "-c", "for i in $(seq 60); do s=$(systemctl is-system-running --wait"
-             " 2>/dev/null); case $s in running|degraded) echo $s; exit 0;; esac; sleep 1; done; echo $s"],
-            capture_output=True, text=True, check=False, timeout=120,
-        )  # fmt: skip
-        assert state.stdout.strip() in ("running", "degraded"), state.stdout + state.stderr
         yield name
     finally:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+        remove_host(name)
 
 
 def _converge(tmp_path, host):
