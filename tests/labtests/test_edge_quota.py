@@ -201,7 +201,13 @@ def check_issue_47(result, log):
     assert {k: v["status"] for k, v in shapes.items()} == dict.fromkeys(shapes, 200), shapes
     for name in ("rerank", "prompt_logprobs", "echo_stream"):
         assert shapes[name]["bytes"] > 1024 * 1024, (name, shapes[name]["bytes"])
-    # (counted exactly: the shapes are in `answered`, compared with the store in the caller)
+    # (counted exactly: the shapes are in `answered`, compared with the store in the caller; the Responses
+    # API's stream keeps its events, its usage read from response.completed)
+    assert shapes["responses_stream"]["body"].count("response.output_text.delta") == 2 * 9, shapes["responses_stream"]
+    # answers the engine refused: passed on as they were, nothing counted (not in `answered`), and what
+    # they reserved of the key's day given back: the day's counter holds what the others used
+    assert [e["status"] for e in result["errors"]] == [400, 500], result["errors"]
+    assert all(json.loads(e["body"])["error"]["message"] == "refused by the stand-in" for e in result["errors"])
     assert result["counted"]["shapes tiny-llama"]["estimated"] == 0, result["counted"]
     # the text transcription has no usage: estimated from the form's size (16,000 bytes a second, 10 tokens
     # a second) and the text's bytes (4 a token), never 0
@@ -244,4 +250,8 @@ def check_issue_47(result, log):
     assert cli.get("store_up") is True, cli
     assert {"%s %s" % (u["key"], u["model"]): {k: u[k] for k in ("prompt", "completion", "requests", "estimated")}
             for u in cli["usage"]} == result["counted"], cli  # fmt: skip
-    assert {k["name"]: k["day"] for k in cli["keys"]}["burst"] == passed * 70, cli["keys"]
+    days = {k["name"]: k["day"] for k in cli["keys"]}
+    assert days["burst"] == passed * 70, cli["keys"]
+    shapes_used = sum(v for k, v in result["counted"]["shapes tiny-llama"].items() if k in ("prompt", "completion"))
+    mha = result["counted"]["shapes tiny-mha"]
+    assert days["shapes"] == shapes_used + mha["prompt"] + mha["completion"], (days, result["counted"])

@@ -188,6 +188,11 @@ shapes["audio_json"] = req(8080, SHAPES, audio, "/v1/audio/transcriptions", audi
 audio, audio_type = form([("model", "tiny-mha"), ("response_format", "text")], 32000)
 shapes["audio_text"] = req(8081, SHAPES, audio, "/v1/audio/transcriptions", audio_type)
 out["audio_text_body_bytes"] = len(audio)
+# the Responses API, an answer and a stream (usage in response.completed), and answers the engine refused
+responses = {"model": "tiny-llama", "input": "hi", "max_tokens": 9}
+shapes["responses"] = req(8080, SHAPES, responses, "/v1/responses")
+shapes["responses_stream"] = req(8081, SHAPES, {**responses, "stream": True}, "/v1/responses")
+out["errors"] = [req(p, SHAPES, {**chat, "error_status": s}) for p, s in ((8080, 400), (8081, 500))]
 # a body padded with 20 MB of spaces after its object: answered, and its backend asked for the usage chunk
 before = len(seen())
 padded = json.dumps({**stream, "model": "tiny-llama", "max_tokens": 4}) + " " * 20_000_000
@@ -254,6 +259,8 @@ for s in seen():
     b = s["body"]
     if names[s["auth"]] == "cut" or (s["path"].startswith("/v1/audio/") and b.get("response_format") == "text"):
         continue  # (left before its end, or answered without usage: estimated, checked on their own)
+    if b.get("error_status"):
+        continue  # (refused by the engine: nothing counted)
     member = "%s %s" % (names[s["auth"]], b["model"])
     n = answered.setdefault(member, {"prompt": 0, "completion": 0, "requests": 0})
     n["requests"] += 1

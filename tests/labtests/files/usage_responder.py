@@ -14,7 +14,10 @@ The shapes issue 47 found uncounted, in vLLM 0.32's field order, sized by the re
   request's "first_event_bytes";
 - /v1/embeddings: one vector per input, usage prompt_tokens = total_tokens = 10 per input;
 - /v1/audio/transcriptions (a multipart form): response_format json answers {"text", "usage":
-  {"type": "duration", "seconds": 12.5}}, text answers the text alone (no usage at all).
+  {"type": "duration", "seconds": 12.5}}, text answers the text alone (no usage at all);
+- /v1/responses: usage as input_tokens/output_tokens; a stream's `usage` null in response.created
+  and whole in response.completed;
+- "error_status": N: vLLM's error body with that status (no usage).
 Forms are recorded with their fields (the file part's size only).
 
     python3 usage_responder.py PORT [PORT ...]
@@ -62,6 +65,28 @@ class Handler(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": PROMPT, "total_tokens": PROMPT + n, "completion_tokens": n}
         head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": doc.get("model")}
         messages = self.path == "/v1/messages"
+        if doc.get("error_status"):
+            # vLLM's error body (a request it refused: no usage)
+            out = json.dumps({"error": {"message": "refused by the stand-in", "type": "BadRequestError",
+                                        "param": None, "code": int(doc["error_status"])}}).encode()  # fmt: skip
+            self.send_response(int(doc["error_status"]))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
+        if self.path == "/v1/responses":
+            answer = {"id": "resp_1", "object": "response", "model": doc.get("model"), "status": "completed",
+                      "output": [{"type": "message", "content": [{"type": "output_text", "text": "t" * n}]}],
+                      "usage": {"input_tokens": PROMPT, "output_tokens": n, "total_tokens": PROMPT + n}}  # fmt: skip
+            if not doc.get("stream"):
+                return self.answer(answer)
+            # (the Responses API's stream: usage null when it starts, whole in response.completed)
+            events = [("response.created", {"type": "response.created", "response": {**answer, "usage": None}})]
+            events += [("response.output_text.delta", {"type": "response.output_text.delta", "delta": "t"})] * n
+            events += [("response.completed", {"type": "response.completed", "response": answer})]
+            out = "".join("event: %s\ndata: %s\n\n" % (e, json.dumps(d, separators=(",", ":"))) for e, d in events)
+            return self.answer(out.encode(), "text/event-stream")
         if self.path == "/v1/rerank":
             docs = doc.get("documents") or []
             results = [{"index": i, "document": {"text": d}, "relevance_score": 0.5} for i, d in enumerate(docs)]
