@@ -13,6 +13,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia_smi"
+# ansible.cfg's fact cache folder, made once here: modules that load an inventory at import make it
+# otherwise, and two pytest-xdist workers doing so at once in a fresh clone met FileExistsError
+# (ansible's jsonfile cache calls makedirs without exist_ok)
+(ROOT / ".cache" / "facts").mkdir(parents=True, exist_ok=True)
 sys.path.insert(0, str(ROOT / "collections"))
 sys.path.insert(0, str(ROOT / "src"))
 
