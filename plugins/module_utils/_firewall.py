@@ -46,9 +46,10 @@ USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 def plan_firewall(params, host_vars, roles):
     """params: the firewall_* settings without the prefix (ssh_port, ssh_sources, allow_tcp,
-    monitoring_sources, proxy_sources, edge_sources); host_vars: the host's variables (the records its proxy,
-    edge and exporters roles published, else their proxy_*, edge_* and exporters_* settings;
-    gpufleet_engines, engine_peers); roles: which of gpu_host, edge, exporters the host runs.
+    monitoring_sources, proxy_sources, edge_sources, gpu_sources); host_vars: the host's variables
+    (the records its proxy, edge, exporters and model_store roles published, else their proxy_*,
+    edge_*, exporters_* and model_store_* settings;
+    gpufleet_engines, engine_peers); roles: which of gpu_host, edge, exporters, model_store the host runs.
 
     Returns {errors, rules: [{port, sources (empty: anyone), v4, v6 (the sources by family),
     why}], ports: [int]}."""
@@ -121,6 +122,15 @@ def plan_firewall(params, host_vars, roles):
             edges = _sources(params.get("edge_sources"), "firewall_edge_sources", errors)
             if edges:
                 rules.append({"port": edge["quota_store_port"], "sources": edges, "why": "the usage store"})
+    # the model store (its host in the model_store group): to the gpu hosts only (they pull from it)
+    if "model_store" in roles:
+        store = published("model_store", host_vars or {})
+        if _port(store.get("port")) is None:
+            errors.append("model_store_port=%r must be a port number." % (store.get("port"),))
+        else:
+            gpus = _sources(params.get("gpu_sources"), "firewall_gpu_sources", errors)
+            if gpus:
+                rules.append({"port": store["port"], "sources": gpus, "why": "the model store"})
     # a multi-node engine instance's nodes: NCCL, Gloo and torch.distributed pick their own ports
     # (and vLLM's message queues), so a node opens every TCP port, to the group's other nodes only
     peers = (host_vars or {}).get("engine_peers") or []

@@ -13,6 +13,7 @@ its defaults):
 | gpufleet_proxy_published      | proxy              | edge, firewall, monitoring       |
 | gpufleet_edge_published       | edge               | firewall, monitoring             |
 | gpufleet_exporters_published  | exporters          | firewall, monitoring             |
+| gpufleet_model_store_published| model_store        | engine (its pulls), firewall     |
 
 A consumer reads a host's fact; a host whose preflight did not run in this play and is not in
 the fact cache (a first run with --limit) is read from its inventory with FALLBACK, the
@@ -47,6 +48,7 @@ FACTS = {
     "proxy": "gpufleet_proxy_published",
     "edge": "gpufleet_edge_published",
     "exporters": "gpufleet_exporters_published",
+    "model_store": "gpufleet_model_store_published",
 }
 # the settings each record is made from, with the producing role's defaults
 FALLBACK = {
@@ -69,6 +71,9 @@ FALLBACK = {
         "edge_router_metrics_port": 9097,
         "edge_quota_store_host": "",
         "edge_quota_store_port": 6379,
+    },
+    "model_store": {
+        "model_store_port": 8444,
     },
     "exporters": {
         "exporters_node_port": 9100,
@@ -208,6 +213,9 @@ def publish(role, settings, engines=None, gpu_count=0) -> dict:
             "dcgm_port": settings.get("exporters_dcgm_port"),
             "dcgm": asked == "true" or (asked == "auto" and int(gpu_count or 0) > 0),
         }
+    if role == "model_store":
+        # the port the gpu hosts pull from (the firewall opens it to them)
+        return {"format": FORMAT, "port": settings.get("model_store_port")}
     raise ValueError("no published record for role %r" % (role,))
 
 

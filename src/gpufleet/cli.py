@@ -425,6 +425,21 @@ def build_parser() -> argparse.ArgumentParser:
     _playbook_args(usage, json_help="print each edge's answer as one JSON object")
     usage.set_defaults(func=cmd_usage)
 
+    models = sub.add_parser(
+        "models",
+        help="each host's models (revision, size, verified, used by which instance); pull ahead of a rollout; prune",
+        description="Run playbooks/models.yml. ACTION: list (the default, read-only); pull (each gpu host's "
+        "engine_model_pulls from the model store, verified, without touching an engine: stage models before a "
+        "rollout); prune (remove the model folders gpufleet fetched under engine_models_dir that no instance, pull "
+        "or download uses; with --check, say which). Exit 0 when every model gpufleet fetched is whole, 2 when one is "
+        "not, the run's status when a host could not be read or a pull failed, 1 on bad input.",
+        epilog=PASSTHROUGH_HELP,
+        allow_abbrev=False,
+    )
+    models.add_argument("action", nargs="?", choices=["list", "pull", "prune"], default="list")
+    _playbook_args(models, json_help="print each host's models as one JSON object")
+    models.set_defaults(func=cmd_models)
+
     from gpufleet import bench as _bench
 
     bench = sub.add_parser(
@@ -621,6 +636,15 @@ def cmd_usage(args: argparse.Namespace) -> int:
     from gpufleet.runner import run_usage
 
     return run_usage(_request(args, "usage"))
+
+
+@_bad_input_is_1
+def cmd_models(args: argparse.Namespace) -> int:
+    from gpufleet.runner import run_models
+
+    req = _request(args, "models")
+    req.extravars["gpufleet_models_action"] = args.action
+    return run_models(req)
 
 
 def cmd_collection(args: argparse.Namespace) -> int:

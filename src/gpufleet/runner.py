@@ -414,6 +414,7 @@ class RunView:
     reports: dict[str, Any] = field(default_factory=dict)  # gpufleet_status facts (status.yml)
     monitoring: dict[str, Any] | None = None  # the gpufleet_monitoring fact (status.yml, a monitoring host)
     usage: dict[str, Any] = field(default_factory=dict)  # gpufleet_usage facts (usage.yml), per edge host
+    models: dict[str, Any] = field(default_factory=dict)  # gpufleet_models_report facts (models.yml), per host
     play: str = ""
     task: str = ""
     _task_path: str = ""
@@ -468,6 +469,9 @@ class RunView:
             usage = ((data.get("res") or {}).get("ansible_facts") or {}).get("gpufleet_usage")
             if usage is not None:
                 self.usage[data.get("host", "?")] = usage
+            held = ((data.get("res") or {}).get("ansible_facts") or {}).get("gpufleet_models_report")
+            if held is not None:
+                self.models[data.get("host", "?")] = held
         elif kind == "runner_on_skipped":
             self._pending.pop(data.get("host", "?"), None)
             self.host(data.get("host", "?")).skipped += 1
@@ -1061,5 +1065,68 @@ def run_usage(req: RunRequest, out: TextIO | None = None, err: TextIO | None = N
         return 2
     if unread:
         print("gpufleet: the usage store is not read from: %s" % ", ".join(unread), file=err)
+        return 2
+    return 0
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, int):
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return "%.1f %s" % (n / scale, unit)
+    return "%d B" % n
+
+
+def models_rows(models: dict[str, Any]) -> list[list[str]]:
+    """gpufleet models' table from each host's gpufleet_models_report: one row per model folder."""
+    rows = [["host", "path", "model", "revision", "size", "verified", "used by"]]
+    for host in sorted(models):
+        report = models[host] or {}
+        for m in report.get("models") or []:
+            if not m.get("exists", True) and not m.get("partial_bytes"):
+                state = "missing"
+            elif m.get("pruned"):
+                state = "pruned"
+            elif not m.get("managed"):
+                state = "not fetched by gpufleet"
+            else:
+                state = "yes" if m.get("verified") else "NO"
+            if m.get("partial_bytes"):
+                state += " (%s staged)" % _size(m["partial_bytes"])
+            who = ", ".join(m.get("used_by") or []) or ("(the store)" if report.get("role") == "store" else "-")
+            rows.append([host, str(m.get("path", "")), str(m.get("name") or "-"), str(m.get("revision") or "-")[:12],
+                         _size(m.get("total_size")), state, who])  # fmt: skip
+    return rows
+
+
+def run_models(req: RunRequest, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """gpufleet models: models.yml (list, pull or prune), printed as a table (or JSON). Exit 0 when
+    every model gpufleet fetched is whole, 2 when one is not (or a host answered nothing), the
+    run's rc when a host could not be read or a pull failed, 1 on bad input."""
+    out, err = out or sys.stdout, err or sys.stderr
+    view, outcome = _read_only(req, out, err)
+    if view is None:
+        return outcome
+    rc, log = outcome.rc, outcome.log
+    if req.json:
+        print(json.dumps({"hosts": view.models, "rc": rc, "log": str(log)}, indent=2, sort_keys=True), file=out)
+    elif view.models:
+        _print_table(models_rows(view.models), out)
+    if rc != 0:
+        _print_failures(view, "models", rc, outcome.status, log, err)
+        return rc
+    if not view.models:
+        print("gpufleet: no host answered (the inventory's gpu_hosts and model_store groups are empty?)", file=err)
+        return 2
+    broken = sorted(
+        "%s:%s" % (host, m.get("path"))
+        for host, r in view.models.items()
+        for m in (r or {}).get("models") or []
+        if m.get("managed") and not m.get("verified") and not m.get("pruned")
+    )
+    if broken:
+        print("gpufleet: not whole: %s (gpufleet models pull fetches what is missing or wrong)" % ", ".join(broken),
+              file=err)  # fmt: skip
         return 2
     return 0

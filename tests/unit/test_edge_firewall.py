@@ -16,6 +16,7 @@ from ansible_collections.gpufleet.serving.plugins.filter.fleet_lock import fleet
 from ansible_collections.gpufleet.serving.plugins.filter.network import inventory_addresses, tls_subject_alt_names
 from ansible_collections.gpufleet.serving.plugins.module_utils._edge import backends, plan_edge
 from ansible_collections.gpufleet.serving.plugins.module_utils._firewall import plan_firewall
+from ansible_collections.gpufleet.serving.plugins.module_utils._published import FORMAT
 from ansible_collections.gpufleet.serving.plugins.module_utils._status import busy, idle_targets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -643,3 +644,20 @@ def test_bad_body_limits_are_named(over, words):
     text = " ".join(plan["errors"])
     for word in words:
         assert word in text, text
+
+
+def test_the_model_store_opens_to_the_gpu_hosts_only():
+    """Issue 48: the store host (the first of the model_store group) opens its port to the gpu hosts,
+    from its published record, else its inventory and the role's default (8444)."""
+    store = {"gpufleet_engines": []}
+    plan = firewall(("edge", "model_store"), store, gpu_sources=["10.0.0.21", "10.0.0.22"])
+    assert [r for r in plan["rules"] if r["why"] == "the model store"] == [
+        {"port": 8444, "sources": ["10.0.0.21/32", "10.0.0.22/32"], "why": "the model store",
+         "v4": ["10.0.0.21/32", "10.0.0.22/32"], "v6": []}]  # fmt: skip
+    record = {"gpufleet_model_store_published": {"format": FORMAT, "port": 9444}}
+    assert 9444 in firewall(("model_store",), dict(store, **record), gpu_sources=["10.0.0.21"])["ports"]
+    assert 8444 in firewall(("model_store",), dict(store, model_store_port=8444), gpu_sources=["10.0.0.21"])["ports"]
+    # not the store: nothing opened for it
+    assert 8444 not in firewall(("edge",), store, gpu_sources=["10.0.0.21"])["ports"]
+    assert "firewall_gpu_sources" in " ".join(firewall(("model_store",), store, gpu_sources=["gpu-a"])["errors"])
+    assert "model_store_port='x'" in " ".join(firewall(("model_store",), dict(store, model_store_port="x"))["errors"])
