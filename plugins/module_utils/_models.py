@@ -130,7 +130,7 @@ def plan_pulls(pulls, catalog_names, store, host, facts=None):
     {PATH: {total_size (the store's manifest), free (bytes free where PATH goes), have (bytes of the
     model the host holds there already), margin}}: a pull that does not fit is named.
 
-    Returns {errors, pulls: [{name, path, url}]}."""
+    Returns {errors, pulls: [{name, path, url, server_name}]}."""
     errors, out = [], []
     if not pulls:
         return {"errors": [], "pulls": []}
@@ -180,7 +180,8 @@ def plan_pulls(pulls, catalog_names, store, host, facts=None):
         url = ""
         if store:
             url = "https://%s:%d/models/%s/" % (_url_host(store["address"]), int(store["port"]), name)
-        out.append({"name": name, "path": path, "url": url})
+        # (the store's certificate is checked by its inventory name, which it always carries)
+        out.append({"name": name, "path": path, "url": url, "server_name": store["host"] if store else ""})
     return {"errors": errors, "pulls": out}
 
 

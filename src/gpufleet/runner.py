@@ -630,6 +630,7 @@ def runner_kwargs(req: RunRequest, coll: Collection, private_dir: Path, colour: 
         "rollout": coll.rollout_playbook,
         "status": coll.root / "playbooks" / "status.yml",
         "usage": coll.root / "playbooks" / "usage.yml",
+        "models": coll.root / "playbooks" / "models.yml",
     }
     playbook = named.get(req.playbook) or Path(req.playbook).expanduser().resolve()
     if not playbook.is_file():
@@ -1087,7 +1088,7 @@ def models_rows(models: dict[str, Any]) -> list[list[str]]:
             if not m.get("exists", True) and not m.get("partial_bytes"):
                 state = "missing"
             elif m.get("pruned"):
-                state = "pruned"
+                state = "would be pruned (check mode)" if report.get("check") else "pruned"
             elif not m.get("managed"):
                 state = "not fetched by gpufleet"
             else:

@@ -168,10 +168,13 @@ def test_a_file_that_fails_its_manifest_is_named_and_fetched_again(tmp_path, sto
     rc, out, err = run("pull", url(store), dest)
     assert rc == 0 and out.startswith("fetched"), (out, err)
     assert "model.safetensors: sha256" in err and "fetching it again" in err, err
-    # a flipped byte on the host: the next pull finds it (its time changed), fetches it again
+    # a flipped byte on the host: the next pull finds it (its time changed) and fetches that file
+    # again, alone: the others are kept from the folder (linked into the staging folder)
     flip(dest / "model.safetensors")
+    store.ranges.clear()
     rc, out, err = run("pull", url(store), dest)
-    assert rc == 0 and out.startswith("fetched") and run("verify", dest, "--full")[0] == 0, (out, err)
+    assert rc == 0 and out.endswith("from the store: model.safetensors)"), (out, err)
+    assert run("verify", dest, "--full")[0] == 0
     # the store's copy wrong every time: refused, the old copy kept
     store.bad_times = 2
     flip(dest / "model.safetensors")
@@ -197,8 +200,11 @@ def test_a_manifest_that_leaves_its_folder_is_refused(tmp_path, store):
 def test_fill_from_a_folder_and_an_archive(tmp_path):
     src = tmp_path / "src"
     files = model(src)
+    (src / "model.safetensors").chmod(0o600)  # (as transformers writes its shards)
     rc, out, _ = run("fill", src, tmp_path / "a", "--name", "tiny", "--revision", "r1")
     assert rc == 0 and out.startswith("fetched") and run("check", tmp_path / "a")[0] == 0
+    # readable by the store's nginx and the engines' containers, whatever the source's modes
+    assert {oct(p.stat().st_mode & 0o777) for p in (tmp_path / "a").rglob("*") if p.is_file()} == {"0o644"}
     assert run("fill", src, tmp_path / "a", "--name", "tiny", "--revision", "r1")[1].startswith("unchanged")
     archive = tmp_path / "tiny.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
@@ -231,6 +237,12 @@ def test_pull_over_tls_with_a_client_certificate(tmp_path, store):
             "--key", tmp_path / "client" / "store-client.key"]  # fmt: skip
     rc, out, err = run("pull", base, tmp_path / "tiny", *args)
     assert rc == 0 and out.startswith("fetched"), (out, err)
+    # by its address, the certificate checked by the store's name (the certificate names both here)
+    rc, out, err = run("pull", base, tmp_path / "named", *args, "--server-name", "127.0.0.1")
+    assert rc == 0 and out.startswith("fetched"), (out, err)
+    # a name the certificate does not carry: refused
+    rc, _, err = run("pull", base, tmp_path / "other", *args, "--server-name", "llm.example.com")
+    assert rc == 1 and "certificate verify failed" in err, err
     # without the client certificate the store refuses
     rc, _, err = run("pull", base, tmp_path / "tiny2", "--ca", tls / "fleet-ca.crt")
     assert rc == 1 and "cannot read the store's manifest" in err, err

@@ -73,7 +73,7 @@ STORE_HOST = {"host": "edge-01", "address": "10.0.0.9", "port": 8444}
 
 def test_pulls_get_their_store_url():
     plan = plan_pulls([{"name": "tiny", "path": "/srv/models/tiny/"}], ["tiny"], STORE_HOST, "gpu-01")
-    assert plan == {"errors": [], "pulls": [{"name": "tiny", "path": "/srv/models/tiny",
+    assert plan == {"errors": [], "pulls": [{"name": "tiny", "path": "/srv/models/tiny", "server_name": "edge-01",
                                              "url": "https://10.0.0.9:8444/models/tiny/"}]}  # fmt: skip
     v6 = plan_pulls([{"name": "tiny", "path": "/m"}], ["tiny"], dict(STORE_HOST, address="fd00::9"), "g")
     assert v6["pulls"][0]["url"] == "https://[fd00::9]:8444/models/tiny/"

@@ -28,6 +28,9 @@ PRESETS = {
     "tiny-llama": dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, dtype="bfloat16"),
     "tiny-llama-mha": dict(layers=3, hidden=512, heads=8, kv_heads=8, head_dim=64, dtype="bfloat16"),
     "tiny-llama-gqa8": dict(layers=4, hidden=512, heads=8, kv_heads=1, head_dim=64, dtype="float32"),
+    # the fleet lab's model store (issue 48): a few hundred MB of real safetensors in 100 MB shards,
+    # pulled and verified by the gpu hosts (not served)
+    "store-llama": dict(layers=8, hidden=1536, heads=24, kv_heads=8, head_dim=64, dtype="bfloat16", shard="100MB"),
 }
 
 CORPUS = [
@@ -83,7 +86,7 @@ def main(name: str, out_dir: str) -> None:
         torch_dtype=shape["dtype"],
     )
     model = LlamaForCausalLM(config).to(getattr(torch, shape["dtype"]))
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size=shape.get("shard", "5GB"))
     (out / "gpufleet-tiny-model.json").write_text(json.dumps({"name": name, **shape}, indent=2) + "\n")
     print("wrote %s: %s" % (out, json.dumps(shape)))
 
