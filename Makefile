@@ -24,6 +24,8 @@
 #                      the tokens counted, and 8 clients on a small limit (BEFORE=REV: also the Lua at REV)
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 #   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
+#   make bench-ready   the model store's fan-out to the fleet lab's gpu hosts against per-host fetches
+#                      from a bandwidth-limited upstream (a stand-in for the hub)
 #   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -45,7 +47,7 @@ export PATH := $(BIN):$(PATH)
 # Molecule scenario to run (default: every one under molecule/ but the benchmark).
 SCENARIO ?=
 
-.PHONY: demo demo-down test test-full fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape bench-routing bench-models fleet-lab lab clean-lab constraints build-collection gpu-check
+.PHONY: demo demo-down test test-full fast setup unit pythons lint labtests molecule bench-stream bench-planner bench-fleet bench-engine-start bench-rollout bench-scrape bench-routing bench-models bench-ready fleet-lab lab clean-lab constraints build-collection gpu-check
 
 # Each tier's duration is printed at the end (tests/tiers.sh), passed or not. GPUFLEET_TEST_TIER
 # tells the labs which entry point runs them: `test` leaves out what is marked test-full
@@ -180,6 +182,14 @@ bench-models: $(STAMP) lab
 # prints a table, also in .cache/bench-fleet.txt.
 bench-fleet: $(STAMP) lab
 	$(BIN)/python tests/bench/fleet_bench.py
+
+# The model store's fan-out to the fleet lab's gpu hosts against every host fetching from a
+# bandwidth-limited upstream (a stand-in for the hub); prints a table, also in .cache/bench-ready.txt.
+bench-ready: $(STAMP) lab
+	$(BIN)/molecule destroy -s fleet
+	GPUFLEET_FLEET_VERIFY=bench_ready.yml $(BIN)/molecule converge -s fleet
+	GPUFLEET_FLEET_VERIFY=bench_ready.yml $(BIN)/molecule verify -s fleet
+	$(BIN)/molecule destroy -s fleet
 
 # The lab's vLLM CPU engine from docker run to /health, with and without the image's bytecode.
 bench-engine-start: $(STAMP) lab
