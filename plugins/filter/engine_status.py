@@ -32,8 +32,10 @@ def engine_status(
     pending=None,
     quarantine=None,
     placement=None,
+    phases=None,
 ):
-    """placement: the engine_placement module's `placement` (per instance name)."""
+    """placement: the engine_placement module's `placement` (per instance name); phases: the
+    engine_phase module's `phases` (per instance name)."""
     instances = []
     for i, folder in enumerate(folders or []):
         unit = (units or [])[i] if i < len(units or []) else {}
@@ -50,6 +52,7 @@ def engine_status(
                 "pending": bool(((mark or {}).get("stat") or {}).get("exists")),
                 "quarantine": _text(held),
                 "placement": (placement or {}).get(name),
+                "start": (phases or {}).get(name),
             }
         )
     return host_status(instances, gpu=gpu, nccl_env=nccl_env)

@@ -7,9 +7,9 @@ The typed engine options of a ``gpufleet_engines`` instance (name, type, choices
 the engines that have it, each engine's flag and how it renders, its counterpart on the
 other engine, and the memory plan's name for it), the options the pinned engines removed,
 the instance keys that are not options, and per engine its entrypoint, model flag,
-accelerators and metric names. Validation, rendering, the memory plan, the status reader,
-the CLI and the playbooks' filters all read this table; a unit test checks the engine
-role's meta/argument_specs.yml against it.
+accelerators, metric names, compile caches and the log lines that mark its start phases.
+Validation, rendering, the memory plan, the status reader, the CLI and the playbooks' filters
+all read this table; a unit test checks the engine role's meta/argument_specs.yml against it.
 
 Flags are the engines' own CLI names (vLLM: vllm/engine/arg_utils.py EngineArgs; SGLang:
 python/sglang/srt/server_args.py ServerArgs), checked by their own parsers in
@@ -205,6 +205,23 @@ INSTANCE_KEYS = (
 )  # fmt: skip
 
 
+# The phases an engine goes through while it starts, in order of a typical start (an engine may
+# go back and forth between some: vLLM compiles inside its memory profiling run). `gpufleet status`
+# and the rollout's readiness read them from the engine's log (module_utils/_engine_phase.py).
+PHASES = ("initializing", "loading weights", "profiling memory", "compiling", "capturing graphs", "warming up",
+          "starting server", "serving")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A log line that begins a start phase: a line that holds `text` (case-insensitive) puts the
+    engine in `phase`; `note` says more about it (e.g. compiled artefacts loaded from the cache)."""
+
+    text: str
+    phase: str
+    note: str = ""
+
+
 @dataclass(frozen=True)
 class Engine:
     """One serving engine: how it starts, what it runs on, what its /metrics call things."""
@@ -247,6 +264,12 @@ class Engine:
     # `vllm serve` path: started through the API server module, a follower asserts "collective_rpc
     # should not be called on follower node", checked in vLLM 0.32), and its flags.
     group_entrypoint: Optional[Tuple[str, ...]] = None
+    # Its compile caches (engine_compile_cache): (environment variable, folder under the instance's
+    # cache mount) for each cache the engine writes, so that what it compiled survives a restart.
+    cache_env: Tuple[Tuple[str, str], ...] = ()
+    # The log lines that begin its start phases (PHASES), tried in this order on each line: the
+    # first that matches counts. "serving" ends the start.
+    start_markers: Tuple[Marker, ...] = ()
 
     def group_flags(self, group: dict) -> List[str]:
         """The engine's multi-node flags for one member (_engine_group.context)."""
@@ -336,6 +359,63 @@ ENGINE_INFO: Dict[str, Engine] = {
         api_key_from_env=True,
         executor_backends=("mp", "ray"),
         share_covers_all=True,
+        # Checked in vLLM 0.32's source (the lab image) and its CPU engine in the lab (docs/engines.md).
+        # VLLM_CACHE_ROOT (vllm/envs.py; default ~/.cache/vllm): its torch.compile cache,
+        # torch_compile_cache/torch_aot_compile/HASH (vllm/compilation/decorators.py) and
+        # torch_compile_cache/HASH (vllm/compilation/backends.py), HASH from its config and code, so a
+        # changed setting compiles again into a folder of its own; vLLM points TORCHINDUCTOR_CACHE_DIR at
+        # HASH/inductor_cache itself, whatever the environment says (compiler_interface.py
+        # InductorAdaptor.initialize_cache, decorators.py), so gpufleet sets none; its FlashInfer autotune
+        # results go under it too (model_executor/warmup/flashinfer_autotune_cache.py). VLLM_CACHE_ROOT is
+        # left out of the key (envs.compile_factors: a moved folder keeps its entries).
+        # TRITON_CACHE_DIR: vLLM keeps a caller's (compiler_interface.py; else HASH/triton_cache), and its
+        # own Triton kernels outside torch.compile compile there too (Triton's default: ~/.triton/cache).
+        # Triton keys each kernel by its source and options.
+        # FLASHINFER_WORKSPACE_BASE: FlashInfer's JIT kernels, in .cache/flashinfer/VERSION/ARCH under it
+        # (flashinfer/jit/env.py; default the home folder).
+        cache_env=(
+            ("VLLM_CACHE_ROOT", "vllm"),
+            ("TRITON_CACHE_DIR", "triton"),
+            ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+        ),
+        # vLLM 0.32's log lines (file in vllm/): v1/worker/gpu_model_runner.py and cpu_model_runner.py
+        # "Starting to load model", model_executor/model_loader/default_loader.py "Loading weights
+        # took", gpu_model_runner.py "Model loading took" (then the profile run, which compiles),
+        # compilation/decorators.py "Directly load AOT compilation from path" and "Compiling model
+        # again due to a load failure", compilation/backends.py "Directly load the compiled graph(s)",
+        # "Using cache directory: ... for vLLM's torch.compile", "Dynamo bytecode transform time" and
+        # "Compiling a graph for compile range", v1/worker/cpu_model_runner.py "Warming up model for
+        # the compilation" and "Warming up done", v1/worker/gpu_worker.py "Compile and warming up
+        # model for size", v1/core/kv_cache_utils.py "GPU/CPU KV cache size", gpu_model_runner.py
+        # "Capturing CUDA graphs" (its progress bar) and "Graph capturing finished", v1/engine/core.py
+        # "init engine (profile, create kv cache, warmup model) took", entrypoints/launchers/api_server/
+        # entry.py "Starting vLLM server on" (before 0.32 "Starting vLLM API server on"), then uvicorn's
+        # "Application startup complete" (/health answers). Real logs in tests/fixtures/engine_logs/.
+        start_markers=(
+            Marker("Starting to load model", "loading weights"),
+            Marker("Loading weights took", "profiling memory"),
+            Marker("Model loading took", "profiling memory"),
+            Marker("Directly load AOT compilation", "compiling", "compiled artefacts loaded from the cache"),
+            Marker("Directly load the compiled graph", "compiling", "compiled artefacts loaded from the cache"),
+            Marker(
+                "Compiling model again due to a load failure",
+                "compiling",
+                "the cached artefact did not load: compiling again",
+            ),
+            Marker("Warming up model for the compilation", "compiling"),
+            Marker("for vLLM's torch.compile", "compiling"),
+            Marker("Dynamo bytecode transform time", "compiling"),
+            Marker("Compiling a graph for", "compiling"),
+            Marker("Compile and warming up model for size", "compiling"),
+            Marker("Warming up done", "warming up"),
+            Marker("KV cache size:", "warming up"),
+            Marker("Capturing CUDA graphs", "capturing graphs"),
+            Marker("Graph capturing finished", "warming up"),
+            Marker("init engine (profile, create kv cache, warmup model) took", "starting server"),
+            Marker("Starting vLLM server on", "starting server"),
+            Marker("Starting vLLM API server on", "starting server"),
+            Marker("Application startup complete", "serving"),
+        ),
     ),
     "sglang": Engine(
         "sglang",
@@ -359,6 +439,36 @@ ENGINE_INFO: Dict[str, Engine] = {
         group_entrypoint=("python3", "-m", "sglang.launch_server"),
         host_ipc=True,
         sizes_request_pool=True,
+        # SGLang's caches (python/sglang/srt/environ.py): SGLANG_CACHE_DIR (default ~/.cache/sglang), under
+        # which DeepGEMM's kernels (SGLANG_DG_CACHE_DIR), its JIT kernel builds (SGLANG_JIT_CACHE_DIR) and
+        # CuTe DSL AOT objects go by default; TORCHINDUCTOR_CACHE_DIR for --enable-torch-compile (SGLang's
+        # docs, "Enabling cache for torch.compile": set it, run once, start again with it); Triton's and
+        # FlashInfer's as for vLLM. Each keys its entries by what it compiled (Inductor: the graph, its
+        # inputs' shapes, the config and the torch version).
+        cache_env=(
+            ("SGLANG_CACHE_DIR", "sglang"),
+            ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+            ("TRITON_CACHE_DIR", "triton"),
+            ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+        ),
+        # SGLang's log lines (python/sglang/srt/model_executor/model_runner.py "Load weight begin", "Load
+        # weight end", "KV Cache is allocated"; cuda_graph_runner.py "Capture cuda graph begin" and
+        # later releases' "Capture piecewise CUDA graph begin" / "Capture target decode CUDA graph
+        # begin" (its torch.compile runs inside the capture), "Capture cuda graph end";
+        # managers/scheduler.py "max_total_num_tokens="; entrypoints/http_server.py: uvicorn up, then
+        # its warm-up request, then "The server is fired up and ready to roll!"). SGLang cannot run
+        # here: the lines are from real logs that SGLang's docs print (tests/fixtures/engine_logs/).
+        start_markers=(
+            Marker("Load weight begin", "loading weights"),
+            Marker("Load weight end", "profiling memory"),
+            Marker("KV Cache is allocated", "profiling memory"),
+            Marker("graph begin", "capturing graphs"),
+            Marker("graph end", "starting server"),
+            Marker("max_total_num_tokens=", "starting server"),
+            Marker("Application startup complete", "warming up"),
+            Marker("Uvicorn running on", "warming up"),
+            Marker("The server is fired up and ready to roll", "serving"),
+        ),
     ),
 }
 # Flags gpufleet sets itself from the instance (api_key, bind, port, model, its name, drain

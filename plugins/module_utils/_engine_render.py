@@ -35,6 +35,9 @@ from ansible_collections.gpufleet.serving.plugins.module_utils._placement import
 )
 
 MODEL_MOUNT = "/models/%s"
+# engine_compile_cache: where the instance's cache folder (CACHE_DIR/NAME on the host) is mounted in its
+# container; the engine's cache variables point into it (ENGINE_INFO[...].cache_env)
+CACHE_MOUNT = "/var/cache/gpufleet"
 SECRET_MOUNT = "/run/gpufleet/secret.env"
 # during a key rotation (api_key_previous), vLLM's --config file with both keys, written by the
 # container's shell from the secret file's variables
@@ -59,6 +62,21 @@ def drain_of(inst: dict) -> int:
     inst = normalized(inst)
     length = option_for("max_model_len", inst["engine"])
     return drain_timeout(inst, options_of(inst).get(length.name) if length else None)
+
+
+def cache_folder(inst: dict, defaults=None):
+    """The instance's compile cache folder on the host (the role's cache_dir, engine_cache_dir when
+    engine_compile_cache is on, and the instance's name), None when caches are off."""
+    root = (defaults or {}).get("cache_dir")
+    return "%s/%s" % (root.rstrip("/"), inst["name"]) if root else None
+
+
+def cache_env(inst: dict, defaults=None) -> dict:
+    """The engine's cache variables, each pointing into CACHE_MOUNT ({} when caches are off)."""
+    if not cache_folder(inst, defaults):
+        return {}
+    engine = normalized(inst)["engine"]
+    return {name: "%s/%s" % (CACHE_MOUNT, sub) for name, sub in ENGINE_INFO[engine].cache_env}
 
 
 def engine_args(inst: dict) -> list:
@@ -215,7 +233,7 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     """Everything the role writes for one validated instance.
 
     defaults: the role's settings: images (engine_images), ulimits (engine_ulimits),
-    env_files, config_dir.
+    env_files, config_dir, cache_dir (engine_cache_dir when engine_compile_cache is on, else "").
     """
     inst = normalized(inst)
     defaults = defaults or {}
@@ -252,6 +270,10 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         if group["rank"] == 0:
             # vLLM's ray.init() joins the head this container started (vllm/v1/executor/ray_utils.py)
             env["RAY_ADDRESS"] = ray_address(group)
+    # engine_compile_cache: what the engine compiles (torch.compile, Triton, FlashInfer) lands in the
+    # instance's own host folder, kept across restarts; the engine's own keys decide what is reused
+    cache = cache_folder(inst, defaults)
+    env.update(cache_env(inst, defaults))
     if accelerator == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(inst.get("kv_cache_space_gib", 1))
         if cpus:
@@ -298,6 +320,8 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
     for key in sorted(env):
         docker += ["--env", "%s=%s" % (key, env[key])]
     docker += ["--volume", "%s:%s:ro" % (inst["model"], MODEL_MOUNT % name)]
+    if cache:
+        docker += ["--volume", "%s:%s:rw" % (cache, CACHE_MOUNT)]
     serves = not group or group["rank"] == 0
     if serves:
         probe = "import urllib.request; urllib.request.urlopen('http://%s:%d/health', timeout=5)" % (health_host, port)
@@ -358,6 +382,8 @@ def render(inst: dict, gpu=None, host=None, defaults=None) -> dict:
         "address": upstream_address(inst),
         "served_model_name": served_name(inst),
         "model": inst["model"],
+        # engine_compile_cache: its host folder (the role creates it), None when off
+        "cache_dir": cache,
         "readiness_timeout": inst["readiness_timeout"],
         "drain_timeout": drain,
         # systemd's TimeoutStopSec for the unit (a drop-in per instance): above docker's stop timeout

@@ -195,6 +195,7 @@ def validate(instances, gpu=None, models=None, host=None, defaults=None, members
         errors.extend(_cpu_split(instances, members, gpu, host))
     errors.extend(_ray_hosts(instances, members))
     errors.extend(_downloads((defaults or {}).get("downloads") or []))
+    errors.extend(_cache_dir((defaults or {}).get("cache_dir")))
     return errors
 
 
@@ -228,6 +229,17 @@ def _downloads(downloads) -> List[str]:
         if not (isinstance(rev, str) and HUB_REVISION.fullmatch(rev)):
             errors.append("%s.revision=%r must be a branch, tag or commit id like main." % (where, rev))
     return errors
+
+
+def _cache_dir(root) -> List[str]:
+    """engine_cache_dir (when engine_compile_cache is on): the host side of a docker --volume."""
+    if root in (None, "") or plain_path(root):
+        return []
+    return [
+        "engine_cache_dir=%r must be a plain absolute folder path on the host (no ':' or ',', no line breaks, no "
+        "'..'): each instance's compile caches go in a folder of its own under it; or set engine_compile_cache: "
+        "false." % (root,)
+    ]
 
 
 # ---------------------------------------------------------------- keys

@@ -114,7 +114,7 @@ def host_status(instances, gpu=None, nccl_env=None):
     """One host's report. instances: [{name, deployed (deployed.json text or None), active
     (unit state), metrics (text or None), pending (its restart-pending mark exists), quarantine
     (its quarantine mark's text or None), placement (the engine_placement module's reading of
-    its container, or None)}]; gpu:
+    its container, or None), start (the engine_phase module's reading of its log, or None)}]; gpu:
     gpu_facts' gpufleet_gpu; nccl_env: the text of the NCCL env file."""
     gpu = gpu or {}
     p2p = gpu.get("p2p") or {}
@@ -158,6 +158,8 @@ def host_status(instances, gpu=None, nccl_env=None):
         # out of the proxy (the engine watchdog: a GPU fault or a hang; or an operator), and why
         entry["quarantine"] = _quarantine(inst.get("quarantine"))
         entry["placement"] = _placement(inst.get("placement"), deployed)
+        # where its start is (loading weights, compiling, ...), read from its engine's log
+        entry["start"] = _start(inst.get("start"))
         entry.update({k: load.get(k) for k in ("running", "waiting", "kv_cache_usage")})
         # the share of prompt tokens the engine found in its prefix cache since it started (what
         # the edge's cache-aware router raises)
@@ -184,6 +186,18 @@ def _placement(read, deployed):
     # which of the two differ from the plan
     out["drift"] = [k for k, c in checks.items() if c is False]
     return out
+
+
+# What status keeps of the engine_phase module's reading (the rest is for the rollout's log).
+START_KEYS = ("phase", "note", "phase_s", "elapsed_s", "ready_s", "phases", "summary", "started_at", "problem")
+
+
+def _start(read):
+    """The instance's start from its log ({phase, note, phase_s, elapsed_s, ready_s, phases, summary,
+    started_at, problem}), or None when its container does not run or nothing was read."""
+    if not isinstance(read, dict) or not read.get("running"):
+        return None
+    return {k: read.get(k) for k in START_KEYS}
 
 
 def _quarantine(text):

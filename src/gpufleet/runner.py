@@ -884,6 +884,24 @@ def _placed(p: dict | None) -> list[str]:
     return cells
 
 
+def _duration(seconds: Any) -> str:
+    """62.4 -> 1m02s, 7.9 -> 8s."""
+    if seconds is None:
+        return "?"
+    whole = round(seconds)
+    return "%ds" % whole if whole < 60 else "%dm%02ds" % divmod(whole, 60)
+
+
+def _starting(start: dict | None) -> str | None:
+    """An instance still starting, from its engine's log: "compiling for 1m02s (...), up 2m10s";
+    None when it is not read or its log says it serves."""
+    if not start or not start.get("phase") or start["phase"] == "serving":
+        return None
+    note = " (%s)" % start["note"] if start.get("note") else ""
+    return "%s for %s%s, up %s" % (start["phase"], _duration(start.get("phase_s")), note,
+                                   _duration(start.get("elapsed_s")))  # fmt: skip
+
+
 def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = None) -> list[list[str]]:
     """The status table: one row per engine instance (one per host without any). With a
     monitoring host's answers, each instance's last 5 minutes too: generated tokens/s, time to
@@ -902,7 +920,11 @@ def status_rows(reports: dict[str, Any], monitoring: dict[str, Any] | None = Non
             if monitoring is not None:
                 rows[-1] += ["-", "-", ",".join(host_alerts.get(host) or []) or "-"]
         for e in r.get("engines") or []:
+            starting = None if e.get("serving") else _starting(e.get("start"))
             state = "serving" if e.get("serving") else "NOT SERVING (unit %s)" % e.get("unit")
+            if starting:
+                # its container runs and its engine's log says where its start is (the registry's phase lines)
+                state = "STARTING: %s" % starting
             node = e.get("node")
             if node and node.get("rank"):
                 # a multi-node instance's worker: it runs its part; the leader's row says whether the group serves
@@ -972,7 +994,7 @@ def run_status(req: RunRequest, out: TextIO | None = None, err: TextIO | None = 
         return outcome
     rc, log = outcome.rc, outcome.log
     down = [
-        "%s/%s" % (host, e.get("name"))
+        "%s/%s" % (host, e.get("name")) + (" (%s)" % _starting(e.get("start")) if _starting(e.get("start")) else "")
         for host, r in view.reports.items()
         for e in r.get("engines") or []
         if not e.get("serving")

@@ -11,8 +11,9 @@ differs from a real fleet, and why:
 - `--network host` becomes a user-defined Docker network with the nodes' fixed addresses (the
   inventory addresses the plan renders), and each container gets its own name
   (gpufleet-raytest-*): both nodes run on this one machine.
-- the lab's ulimits (tests/lab/lab_vars.yml: this machine's Docker cannot raise memlock) and no
-  NCCL env file (the nccl role writes it on a real host).
+- the lab's ulimits (tests/lab/lab_vars.yml: this machine's Docker cannot raise memlock), no
+  NCCL env file (the nccl role writes it on a real host), and the compile cache folder in the
+  test's temporary folder (not /var/cache/gpufleet/engines on this machine).
 - the leader runs its rendered entry script with `"$@"` (vLLM) replaced by `sleep infinity`, so
   that the head outlives vLLM's failure on CPU and the cluster can be checked; vLLM's part of the
   rendered line then runs in that container through the same entry script, and must stop with
@@ -140,7 +141,9 @@ def group(ray_image, tmp_path_factory):
             gpu={"count": 1, "devices": [{"index": 0, "memory_total_mib": 24564}]},
             models={inst["model"]: {"exists": True, "config": config}},
             host=host,
-            defaults=role_defaults(env_files=[], config_dir=str(folder), ulimits=LAB_ULIMITS),
+            defaults=role_defaults(
+                env_files=[], config_dir=str(folder), ulimits=LAB_ULIMITS, cache_dir=str(folder / "cache")
+            ),
         )
         assert out["errors"] == [], out["errors"]
         rendered[me] = out["instances"][0]

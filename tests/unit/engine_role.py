@@ -22,6 +22,7 @@ def role_defaults(**over) -> dict:
         "env_files": [ROLE_DEFAULTS["engine_nccl_env_file"]] if ROLE_DEFAULTS["engine_nccl_env_file"] else [],
         "slices": ROLE_DEFAULTS["engine_cgroup_slices"],
         "housekeeping_units": ROLE_DEFAULTS["engine_housekeeping_units"],
+        "cache_dir": ROLE_DEFAULTS["engine_cache_dir"] if ROLE_DEFAULTS["engine_compile_cache"] else "",
     }
     defaults.update(over)
     return defaults

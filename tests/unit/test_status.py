@@ -205,3 +205,40 @@ def test_usage_tables_read_the_store_once_and_name_each_edges_view():
     assert quotas[1] == ["team", "40/100", "40/-"]
     assert edges[1] == ["edge-a", "127.0.0.1:6379", "yes", "2", "0", "0"]
     assert edges[2] == ["edge-b", "10.0.0.5:6379", "NO: connect: refused", "-", "-", "-"]
+
+
+def test_an_instance_still_starting_shows_its_phase_read_from_its_log():
+    """The engine_phase module's reading (a real vLLM CPU log, cut while it compiled) joins the
+    report; the table says STARTING with the phase and for how long, where it said NOT SERVING."""
+    from test_engine_phase import COLD, _log
+
+    from ansible_collections.gpufleet.serving.plugins.module_utils._engine_phase import docker_time, start_phases
+
+    lines, started = _log(COLD)
+    begin = next(i for i, line in enumerate(lines) if "Warming up model for the compilation" in line)
+    now = docker_time(lines[begin].split(" ")[0]) + 62.0
+    reading = dict(start_phases(lines[: begin + 1], "vllm", started_at=started, now=now), running=True)
+    served = dict(start_phases(lines, "vllm", started_at=started, now=now + 600), running=True)
+    report = engine_status(
+        [{"path": "/etc/gpufleet/engines/chat"}, {"path": "/etc/gpufleet/engines/done"}],
+        deployed=[{"content": _b64(_deployed())}, {"content": _b64(_deployed(name="done", port=8002, gpus=[2]))}],
+        units=[{"status": {"ActiveState": "active"}}, {"status": {"ActiveState": "active"}}],
+        metrics=[{"status": -1, "msg": "connection refused"}, {"status": 200, "content": IDLE}],
+        phases={"chat": reading, "done": served},
+    )
+    chat, done = report["engines"]
+    assert chat["start"]["phase"] == "compiling" and chat["start"]["phase_s"] == 62.0
+    assert chat["start"]["phases"][0] == {"phase": "initializing", "note": None, "start_s": 0.0,
+                                          "seconds": reading["phases"][0]["seconds"]}  # fmt: skip
+    rows = status_rows({"gpu-01": report})
+    up = round(reading["elapsed_s"])
+    assert rows[1][4] == "STARTING: compiling for 1m02s, up %dm%02ds" % divmod(up, 60)
+    # once it serves, the log says how long the start took; the state is what /metrics says
+    assert rows[2][4] == "serving" and done["start"]["ready_s"] == served["ready_s"] > 0
+    # its container does not run (the unit failed, or has not started it): as before
+    absent = {"running": False, "problem": "container gpufleet-chat does not run"}
+    gone = engine_status([{"path": "/etc/gpufleet/engines/chat"}], deployed=[{"content": _b64(_deployed())}],
+                         units=[{"status": {"ActiveState": "active"}}], metrics=[{"status": -1}],
+                         phases={"chat": absent})  # fmt: skip
+    assert gone["engines"][0]["start"] is None
+    assert status_rows({"gpu-01": gone})[1][4] == "NOT SERVING (unit active)"
