@@ -26,7 +26,7 @@ HOSTS = ["lab-fleet-a", "lab-fleet-b", "lab-fleet-c"]
 STORE = "lab-fleet-edge"
 MODEL = "store-llama"
 HELPER = "/usr/local/libexec/gpufleet/gpufleet-model"
-TLS = "/etc/gpufleet/engines/tls"
+TLS = "/etc/gpufleet/model-client"
 DEST = "/srv/models/bench-ready"
 
 

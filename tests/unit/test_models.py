@@ -121,3 +121,19 @@ def test_pull_facts_from_the_roles_reads():
     spaces = [{"item": {"path": "/m/a"}, "stdout": "1000 200"}, {"item": {"path": "/m/b"}, "stdout": "9 0"},
               {"item": {"path": "/m/c"}, "stdout": "df: no"}]  # fmt: skip
     assert pull_facts(manifests, spaces, 7) == {"/m/a": {"total_size": 5000, "free": 1000, "have": 200, "margin": 7}}
+
+
+def test_the_model_store_client_folder_is_not_an_engine_instance():
+    """Every folder in engine_config_dir is an instance to the engine role (an unlisted one is
+    stopped and removed): the client certificate's folder must sit elsewhere. Under
+    /etc/gpufleet/engines/tls the fleet lab's second run recreated and removed it (changed=8)."""
+    from pathlib import Path
+
+    import yaml
+
+    role = Path(__file__).resolve().parents[2] / "roles" / "engine"
+    config_dir = yaml.safe_load((role / "defaults" / "main.yml").read_text())["engine_config_dir"]
+    tls_dir = yaml.safe_load((role / "vars" / "main.yml").read_text())["_engine_model_tls_dir"]
+    assert not (tls_dir + "/").startswith(config_dir.rstrip("/") + "/"), (tls_dir, config_dir)
+    pull = (role / "tasks" / "pull.yml").read_text()
+    assert "engine_config_dir" not in pull
