@@ -24,8 +24,9 @@
 #                      the tokens counted, and 8 clients on a small limit (BEFORE=REV: also the Lua at REV)
 #   make bench-fleet   controller cost of the idempotent site.yml on 1, 4 and 8 hosts over SSH
 #   make bench-engine-start  the lab engine's start time, with and without its compiled bytecode
-#   make bench-ready   the model store's fan-out to the fleet lab's gpu hosts against per-host fetches
-#                      from a bandwidth-limited upstream (a stand-in for the hub)
+#   make bench-ready   an engine's restart to its first token with its compile cache kept against an
+#                      empty one; the model store's fan-out to the fleet lab's gpu hosts against
+#                      per-host fetches from a bandwidth-limited upstream (a stand-in for the hub)
 #   make gpu-check     on a real GPU machine: capture its nvidia-smi/NVML outputs as fixtures, check its GPUs' health
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -183,9 +184,12 @@ bench-models: $(STAMP) lab
 bench-fleet: $(STAMP) lab
 	$(BIN)/python tests/bench/fleet_bench.py
 
-# The model store's fan-out to the fleet lab's gpu hosts against every host fetching from a
-# bandwidth-limited upstream (a stand-in for the hub); prints a table, also in .cache/bench-ready.txt.
+# The lab's vLLM CPU engine (compilation on) restarting to its first token on its kept compile cache
+# against an empty one (.cache/bench-cache-start.txt), then the model store's fan-out to the fleet
+# lab's gpu hosts against every host fetching from a bandwidth-limited upstream (a stand-in for the
+# hub); prints tables, also in .cache/bench-ready.txt.
 bench-ready: $(STAMP) lab
+	$(BIN)/python tests/bench/cache_start.py .cache/bench-cache-start.txt
 	$(BIN)/molecule destroy -s fleet
 	GPUFLEET_FLEET_VERIFY=bench_ready.yml $(BIN)/molecule converge -s fleet
 	GPUFLEET_FLEET_VERIFY=bench_ready.yml $(BIN)/molecule verify -s fleet
