@@ -295,7 +295,7 @@ class Parser(argparse.ArgumentParser):
 
 
 # The commands that run a playbook: any option they do not own goes to ansible-playbook unchanged.
-PASSTHROUGH = ("deploy", "rollout", "status")
+PASSTHROUGH = ("deploy", "rollout", "status", "models")
 PASSTHROUGH_HELP = (
     "Any other option goes to ansible-playbook unchanged and is checked by its own parser first: "
     "-u USER, -b, -K, -k, --private-key FILE, -c, -f, -t/--tags, --skip-tags, -C/--check, -D/--diff, "

@@ -718,3 +718,15 @@ def test_status_exits_2_while_a_restart_is_pending(fake, tmp_path, capsys):
     report["engines"] = [dict(engine, restart_pending=False)]
     fake([event])
     assert cli.main(["status", "-i", str(inv)]) == 0
+
+
+def test_models_takes_ansible_playbooks_options_as_its_help_says(fake, tmp_path):
+    """`gpufleet models prune --check` says what would go (docs/models.md); before, the parser
+    refused --check as an unrecognized argument (the fleet lab's full tier failed there)."""
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all: {}\n")
+    f = fake([])
+    cli.main(["models", "prune", "-i", str(inv), "--check", "-l", "gpu-a"])
+    assert f.kwargs["playbook"].endswith("playbooks/models.yml")
+    assert f.kwargs["cmdline"] == "--check" and f.kwargs["limit"] == "gpu-a"
+    assert f.kwargs["extravars"]["gpufleet_models_action"] == "prune"
