@@ -6,7 +6,10 @@ not assertions. Run on a converged fleet lab (molecule/fleet/bench_ready.yml run
 - upstream, 3 hosts at once: each host's gpufleet-model pull from the stand-in;
 - store fill: the store fetching the model once from the stand-in;
 - store, 1 host: one host's pull from the store (the copy time the target is set against);
-- store, 3 hosts at once: the fan-out.
+- store, 3 hosts at once: the fan-out;
+- the same two, each host's pull capped at the uplink's rate (--rate, engine_model_pull_rate): each
+  host's own link the limit, as in a fleet, rather than this machine's two cores, which the three
+  pulls' TLS and sha256 share.
 The target (issue 48): the fan-out within 1.3 times one host's copy from the store.
 
     python tests/bench/ready_bench.py OUT_FILE [--uplink BYTES_A_SECOND]
@@ -75,6 +78,11 @@ def main() -> int:
     sh(STORE, "sh", "-c", "pkill -f upstream-standin; true", check=False)
     subprocess.run(["docker", "exec", "-d", STORE, "python3", "/usr/local/bin/upstream-standin", folder, "9300",
                     str(args.uplink), "org/%s" % MODEL], check=True)  # fmt: skip
+    # the firewall role lets the gpu hosts reach the store's port only: the stand-in's port is opened
+    # for the bench (a handle to delete it after); the hub is outside the fleet's firewall
+    rule = sh(STORE, "nft", "--echo", "--handle", "insert", "rule", "inet", "gpufleet", "input", "tcp", "dport", "9300",
+              "accept", check=False)  # fmt: skip
+    handle = rule.split("# handle", 1)[1].split()[0] if "# handle" in rule else None
     time.sleep(1)
     upstream = "http://%s:9300/org/%s/resolve/main/" % (edge, MODEL)
     store = "https://%s:8444/models/%s/" % (edge, MODEL)
@@ -99,10 +107,21 @@ def main() -> int:
         clean(HOSTS)
         fan, each = timed([(h, [HELPER, "pull", store, DEST, *tls]) for h in HOSTS])
         rows.append(("store, 3 hosts at once", fan, each))
+        # each host's own link the limit (engine_model_pull_rate; here the uplink's rate per host), not
+        # this machine's two cores, which the three pulls' TLS and sha256 share in the rows above
+        cap = ["--rate", str(args.uplink)]
+        clean(HOSTS)
+        one_cap, each = timed([(HOSTS[0], [HELPER, "pull", store, DEST, *tls, *cap])])
+        rows.append(("store, 1 host, capped", one_cap, each))
+        clean(HOSTS)
+        fan_cap, each = timed([(h, [HELPER, "pull", store, DEST, *tls, *cap]) for h in HOSTS])
+        rows.append(("store, 3 at once, capped", fan_cap, each))
     finally:
         clean(HOSTS)
         sh(STORE, "rm", "-rf", "/srv/gpufleet/bench-fill", check=False)
         sh(STORE, "sh", "-c", "pkill -f upstream-standin; true", check=False)
+        if handle:
+            sh(STORE, "nft", "delete", "rule", "inet", "gpufleet", "input", "handle", handle, check=False)
     lines = [
         "make bench-ready, fan-out: %s (%.0f MB) to the fleet lab's %d gpu hosts; upstream: a stand-in for the hub,"
         % (MODEL, size / 1e6, len(HOSTS)),
@@ -114,8 +133,9 @@ def main() -> int:
         n = max(len(each), 1)
         hosts = " ".join("%s %.2f" % (h, t) for h, t in sorted(each.items()))
         lines.append("%-26s %9.2f %9.1f   %s" % (name, wall, n * size / wall / 1e6, hosts))
-    up, fill, one, fan = (r[1] for r in rows)
+    up, fill, one, fan, one_cap, fan_cap = (r[1] for r in rows)
     lines.append("fan-out / one host from the store: %.2fx (target <= 1.3x)" % (fan / one))
+    lines.append("fan-out / one host, each host capped at %.0f MB/s: %.2fx" % (args.uplink / 1e6, fan_cap / one_cap))
     lines.append("store (fill once + fan-out) / every host from upstream: %.2fx" % ((fill + fan) / up))
     text = "\n".join(lines) + "\n"
     print(text, end="")
